@@ -1,0 +1,36 @@
+"""Test setup: 8 virtual CPU devices (so multi-replica tests run on a 2-core machine), quiet TF logs, tmp dirs.
+
+The virtual devices must be configured before TensorFlow initializes, which is why this runs at import time.
+The default strategy still uses one device (/cpu:0), so single-device tests are unaffected.
+"""
+
+import os
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import pytest  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+VIRTUAL_CPUS = 8
+_cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(_cpu, [tf.config.LogicalDeviceConfiguration()] * VIRTUAL_CPUS)
+
+
+def mirrored(num_replicas: int) -> tf.distribute.MirroredStrategy:
+    """A MirroredStrategy over the first `num_replicas` virtual CPUs."""
+    return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(num_replicas)])
+
+
+@pytest.fixture
+def strategy_2():
+    return mirrored(2)
+
+
+@pytest.fixture(autouse=True)
+def _float32_policy():
+    """Tests that change the global dtype policy must not leak it into the next test."""
+    import keras
+
+    yield
+    keras.mixed_precision.set_global_policy("float32")

@@ -1,0 +1,36 @@
+"""tpukit: train Keras 3 models on Cloud TPUs with TPUStrategy; the same recipes run on GPUs and CPUs.
+
+    import tpukit
+    strategy = tpukit.connect()              # TPU -> TF_CONFIG cluster -> GPUs -> CPU
+    recipe = tpukit.load_recipe("digits_cnn", ["train.epochs=3"])
+    metrics = tpukit.run(recipe, "runs/digits")
+"""
+
+from tpukit import compat as _compat  # noqa: F401  (sets KERAS_BACKEND=tensorflow before Keras loads)
+from tpukit.logs import enable_logging
+from tpukit.recipe import Recipe, RecipeError, load_recipe
+from tpukit.strategy import TPUConnectionError, connect, cpu_mirrored_strategy, describe
+
+__version__ = "0.1.0"
+
+enable_logging()
+
+
+def run(recipe, output_dir, strategy=None):
+    """Trains, evaluates and exports `recipe` into `output_dir` (see `tpukit.run.run`)."""
+    from tpukit.run import run as _run
+
+    return _run(recipe, output_dir, strategy=strategy)
+
+
+__all__ = [
+    "Recipe",
+    "RecipeError",
+    "TPUConnectionError",
+    "connect",
+    "cpu_mirrored_strategy",
+    "describe",
+    "enable_logging",
+    "load_recipe",
+    "run",
+]

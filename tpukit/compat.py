@@ -1,0 +1,59 @@
+"""Import-time checks: Keras must run on the TensorFlow backend, and TensorFlow must be in the tested range.
+
+TPU hosts run the `tensorflow-tpu` wheel, which lags the CPU wheel by a release (2.20 while CPU is at 2.21), so
+tpukit supports a range rather than one version. The range is declared here and in setup.cfg's extras.
+"""
+
+from __future__ import annotations
+
+import os
+
+MIN_TF = (2, 19)
+MAX_TF_EXCLUSIVE = (2, 22)
+
+
+def _ensure_tensorflow_backend() -> None:
+    backend = os.environ.get("KERAS_BACKEND")
+    if backend is None:
+        os.environ["KERAS_BACKEND"] = "tensorflow"
+    elif backend != "tensorflow":
+        raise ImportError(
+            f"tpukit trains with TensorFlow's TPUStrategy and needs the Keras 'tensorflow' backend; "
+            f"received KERAS_BACKEND={backend!r}. Fix: set KERAS_BACKEND=tensorflow before importing keras "
+            "(in a notebook: restart the runtime, then set it in the first cell)."
+        )
+
+
+def _version_tuple(version: str) -> tuple[int, int]:
+    parts = version.split(".")
+    return int(parts[0]), int(parts[1])
+
+
+def check_tensorflow() -> str:
+    """Imports TensorFlow and returns its version; raises ImportError with the fix if it is missing or out of range."""
+    try:
+        import tensorflow as tf
+    except ImportError as error:  # pragma: no cover - exercised only without TensorFlow installed
+        raise ImportError(
+            "tpukit needs TensorFlow, which is an extra so that TPU hosts keep their own build. Fix: "
+            "`pip install 'tpukit[tensorflow]'` on CPU/GPU, or `pip install 'tpukit[tpu]'` on a TPU VM "
+            f"(received: {error})."
+        ) from error
+    version = tf.__version__
+    low = ".".join(map(str, MIN_TF))
+    high = ".".join(map(str, MAX_TF_EXCLUSIVE))
+    if not (MIN_TF <= _version_tuple(version) < MAX_TF_EXCLUSIVE):
+        raise ImportError(
+            f"tpukit supports TensorFlow >= {low} and < {high}; received tensorflow {version}. Fix: "
+            f"`pip install 'tensorflow>={low},<{high}'` (or 'tensorflow-tpu' in that range on a TPU VM)."
+        )
+    import keras
+
+    if _version_tuple(keras.__version__) < (3, 0):
+        raise ImportError(
+            f"tpukit needs Keras 3; received keras {keras.__version__}. Fix: `pip install 'keras>=3.10'`."
+        )
+    return version
+
+
+_ensure_tensorflow_backend()

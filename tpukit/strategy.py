@@ -1,0 +1,278 @@
+"""`connect()`: find the accelerator this process has and return the `tf.distribute.Strategy` for it.
+
+Resolution order (the first that applies wins; one log line says which and why):
+
+1. TPU, when asked for or present: the `tpu=` argument (a Cloud TPU name, `grpc://host:port`, or `"local"`),
+   else `$TPU_NAME`, else the legacy Colab `$COLAB_TPU_ADDR`, else `"local"` when this machine is a TPU VM
+   (Colab's and Kaggle's TPU runtimes, Cloud TPU VMs). A remote TPU is connected to, the TPU system is initialized
+   once per process (running a notebook cell twice returns the same strategy), and a `TPUStrategy` is built.
+2. `$TF_CONFIG` describing a cluster: `MultiWorkerMirroredStrategy` (each worker uses its local GPUs or CPU).
+3. Several GPUs: `MirroredStrategy`; one GPU: `OneDeviceStrategy`.
+4. Otherwise the default strategy on the CPU.
+
+An explicit TPU request (argument or `$TPU_NAME`) that cannot be met raises `TPUConnectionError` with what was
+tried and the fix; only auto-detection falls through quietly to the next step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import importlib.util
+import json
+import logging
+import os
+
+from tpukit import compat
+
+logger = logging.getLogger("tpukit")
+
+# One TPUStrategy per TPU address per process: initialize_tpu_system resets the TPU (and so every variable on it),
+# so a second connect() in the same notebook must return the strategy it already built.
+_TPU_STRATEGIES: dict[str, object] = {}
+
+
+class TPUConnectionError(RuntimeError):
+    """A TPU was asked for (argument, $TPU_NAME) but could not be reached. The message says what to do."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """What `connect` decided, before any device work: `kind` and the human `reason`."""
+
+    kind: str  # "tpu", "multi_worker", "mirrored", "one_device", "default"
+    reason: str
+    tpu: str | None = None  # the TPUClusterResolver argument, for kind == "tpu"
+    explicit: bool = False  # True when the user asked for this TPU (errors are raised, not fallen through)
+
+
+def tpu_vm_present(env: dict[str, str] | None = None) -> bool:
+    """True on a TPU VM (Colab/Kaggle TPU runtimes, Cloud TPU VMs), judged without initializing anything.
+
+    Colab's TPU runtime sets COLAB_TPU_1VM=1 (other Colab runtimes set it to ""), Kaggle's sets ISTPUVM=1, both
+    and GKE set TPU_ACCELERATOR_TYPE / TPU_WORKER_ID; a plain Cloud TPU VM may set none of these, but its chips
+    show up as /dev/accel* (v2-v4) or /dev/vfio/<n> (v5e and later). `list_logical_devices` is not used: it
+    starts TensorFlow's runtime, after which a MultiWorkerMirroredStrategy can no longer be created.
+    """
+    env = dict(os.environ) if env is None else env
+    if env.get("COLAB_TPU_1VM") == "1" or env.get("ISTPUVM") == "1":
+        return True
+    if env.get("TPU_ACCELERATOR_TYPE") or env.get("TPU_WORKER_ID"):
+        return True
+    return bool(glob.glob("/dev/accel[0-9]*") or glob.glob("/dev/vfio/[0-9]*"))
+
+
+def _gpu_count() -> int:
+    import tensorflow as tf
+
+    return len(tf.config.list_physical_devices("GPU"))
+
+
+def _tf_config_cluster(env: dict[str, str]) -> dict | None:
+    text = env.get("TF_CONFIG")
+    if not text:
+        return None
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(
+            f"TF_CONFIG is not valid JSON ({error}); received {text[:200]!r}. Fix: set TF_CONFIG to JSON like "
+            '{"cluster": {"worker": ["host1:port", "host2:port"]}, "task": {"type": "worker", "index": 0}}.'
+        ) from None
+    cluster = config.get("cluster") or {}
+    workers = len(cluster.get("worker", [])) + len(cluster.get("chief", []))
+    return config if workers >= 1 and config.get("task") else None
+
+
+def choose(tpu: str | None = None, env: dict[str, str] | None = None, tpu_vm: bool | None = None, gpus: int | None = None) -> Choice:
+    """Decides which strategy to build. Pure apart from its defaults, so every branch is testable."""
+    env = dict(os.environ) if env is None else env
+    if tpu:
+        return Choice("tpu", f"tpu={tpu!r} was requested", tpu=tpu, explicit=True)
+    if env.get("TPU_NAME"):
+        # Passed on explicitly: TPUClusterResolver(tpu=None) with TPU_NAME=local would query the GCE metadata
+        # server instead of taking the local path.
+        return Choice("tpu", f"$TPU_NAME={env['TPU_NAME']!r}", tpu=env["TPU_NAME"], explicit=True)
+    if env.get("COLAB_TPU_ADDR"):
+        address = f"grpc://{env['COLAB_TPU_ADDR']}"
+        return Choice("tpu", f"$COLAB_TPU_ADDR (legacy Colab TPU) -> {address}", tpu=address)
+    if tpu_vm_present(env) if tpu_vm is None else tpu_vm:
+        return Choice("tpu", "this machine is a TPU VM (TPU device files / $TPU_ACCELERATOR_TYPE)", tpu="local")
+    cluster = _tf_config_cluster(env)
+    if cluster is not None:
+        size = sum(len(v) for k, v in cluster["cluster"].items() if k in ("worker", "chief"))
+        return Choice("multi_worker", f"$TF_CONFIG describes a cluster of {size} worker(s)")
+    gpus = _gpu_count() if gpus is None else gpus
+    if gpus > 1:
+        return Choice("mirrored", f"{gpus} GPUs found")
+    if gpus == 1:
+        return Choice("one_device", "1 GPU found")
+    return Choice("default", "no TPU, GPU or TF_CONFIG cluster found: CPU")
+
+
+def tensorflow_has_tpu_support() -> bool:
+    """Whether the installed TensorFlow can drive a TPU (tensorflow-tpu, or libtpu importable)."""
+    if importlib.util.find_spec("libtpu") is not None:
+        return True
+    try:
+        import importlib.metadata as metadata
+
+        metadata.distribution("tensorflow-tpu")
+        return True
+    except Exception:  # noqa: BLE001 - PackageNotFoundError, or broken metadata
+        return False
+
+
+def _tpu_fix_hint(choice: Choice) -> str:
+    hints = []
+    if choice.tpu != "local":
+        hints.append(
+            "on Colab's TPU runtime, Kaggle and single-host Cloud TPU VMs the TPU is attached to this machine: "
+            "use tpukit.connect(tpu='local') (CLI: --tpu=local); a multi-host pod slice needs its TPU name"
+        )
+    if not tensorflow_has_tpu_support():
+        import tensorflow as tf
+
+        hints.append(
+            f"the installed TensorFlow ({tf.__version__}) has no TPU support: install the TPU build with "
+            "`pip install 'tpukit[tpu]'` (tensorflow-tpu >= 2.19), then restart the runtime"
+        )
+    hints.append("to train without a TPU, call tpukit.connect() with no tpu argument and unset $TPU_NAME")
+    return "; ".join(hints)
+
+
+def _initialized_tpu_systems() -> dict:
+    """TensorFlow's own record of the TPU systems this process initialized (keyed like the resolver's tpu)."""
+    try:
+        from tensorflow.python.tpu import tpu_strategy_util
+
+        return tpu_strategy_util.get_initialized_tpu_systems()
+    except (ImportError, AttributeError):  # private API: absent in some build, so rely on our cache alone
+        return {}
+
+
+def _connect_tpu(choice: Choice):
+    import tensorflow as tf
+
+    if choice.tpu in _TPU_STRATEGIES:
+        return _TPU_STRATEGIES[choice.tpu]
+    try:
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=choice.tpu)
+        if choice.tpu != "local":
+            # A TPU Node (remote grpc:// workers) must be connected to; a TPU VM's chips are local.
+            tf.config.experimental_connect_to_cluster(resolver)
+        if choice.tpu not in _initialized_tpu_systems():
+            # A second initialization would wipe every variable already on the TPU.
+            tf.tpu.experimental.initialize_tpu_system(resolver)
+    except Exception as error:  # noqa: BLE001 - ValueError, URLError, RuntimeError, NotFoundError...
+        raise TPUConnectionError(
+            f"could not connect to the TPU: tried TPUClusterResolver(tpu={choice.tpu!r}) because {choice.reason}, "
+            f"and it failed with {type(error).__name__}: {str(error)[:500]}. Fix: {_tpu_fix_hint(choice)}."
+        ) from error
+    strategy = tf.distribute.TPUStrategy(resolver)
+    _TPU_STRATEGIES[choice.tpu] = strategy
+    return strategy
+
+
+def build(choice: Choice):
+    """Builds the strategy for a `Choice`. Auto-detected TPUs that fail fall back to the next option."""
+    import tensorflow as tf
+
+    if choice.kind == "tpu":
+        try:
+            return _connect_tpu(choice)
+        except TPUConnectionError as error:
+            if choice.explicit:
+                raise
+            logger.warning("tpukit: TPU auto-detection failed, falling back: %s", error)
+            fallback = choose(env={k: v for k, v in os.environ.items() if k != "COLAB_TPU_ADDR"}, tpu_vm=False)
+            return build(fallback)
+    if choice.kind == "multi_worker":
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    if choice.kind == "mirrored":
+        return tf.distribute.MirroredStrategy()
+    if choice.kind == "one_device":
+        return tf.distribute.OneDeviceStrategy("/gpu:0")
+    return tf.distribute.get_strategy()
+
+
+def kind_of(strategy) -> str:
+    """'tpu', 'multi_worker', 'mirrored', 'one_device' or 'default' for any tf.distribute strategy."""
+    import tensorflow as tf
+
+    if isinstance(strategy, (tf.distribute.TPUStrategy, tf.distribute.experimental.TPUStrategy)):
+        return "tpu"
+    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return "multi_worker"
+    if isinstance(strategy, tf.distribute.MirroredStrategy):
+        return "mirrored"
+    if isinstance(strategy, tf.distribute.OneDeviceStrategy):
+        return "one_device"
+    return "default"
+
+
+def describe(strategy, reason: str = "") -> str:
+    """One line: the strategy class, replicas, devices, why it was chosen, and the TF/Keras versions."""
+    import keras
+    import tensorflow as tf
+
+    try:
+        devices = list(strategy.extended.worker_devices)
+    except RuntimeError:  # the default strategy has no worker_devices: it runs on the first local device
+        devices = [d.name for d in tf.config.list_logical_devices()[:1]]
+    shown = ", ".join(devices[:4]) + (f", ... ({len(devices)} in all)" if len(devices) > 4 else "")
+    why = f" because {reason}" if reason else ""
+    return (
+        f"tpukit: using {type(strategy).__name__} ({kind_of(strategy)}) with {strategy.num_replicas_in_sync} "
+        f"replica(s) on [{shown}]{why}; TensorFlow {tf.__version__}, Keras {keras.__version__}"
+    )
+
+
+def connect(tpu: str | None = None):
+    """Returns the `tf.distribute.Strategy` for this machine (see the module docstring for the order).
+
+    Use it as the TensorFlow TPU guides do::
+
+        strategy = tpukit.connect()
+        with strategy.scope():
+            model = ...
+            model.compile(...)
+        model.fit(...)
+
+    Args:
+        tpu: a Cloud TPU name, `grpc://host:port`, or `"local"` (Colab/Kaggle TPU runtimes, Cloud TPU VMs).
+            None auto-detects.
+
+    Raises:
+        TPUConnectionError: a TPU was requested (argument or $TPU_NAME) and could not be reached.
+    """
+    compat.check_tensorflow()
+    choice = choose(tpu)
+    strategy = build(choice)
+    reason = choice.reason if kind_of(strategy) == choice.kind else "the TPU fallback (see the warning above)"
+    logger.info(describe(strategy, reason))
+    return strategy
+
+
+def cpu_mirrored_strategy(num_devices: int):
+    """A MirroredStrategy over `num_devices` virtual CPU devices: multi-replica behaviour on a laptop or CI.
+
+    Must run before TensorFlow initializes its devices (before any tensor is created) in this process.
+    """
+    import tensorflow as tf
+
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    wanted = [tf.config.LogicalDeviceConfiguration() for _ in range(num_devices)]
+    current = tf.config.get_logical_device_configuration(cpu)
+    if current is None or len(current) != num_devices:
+        try:
+            tf.config.set_logical_device_configuration(cpu, wanted)
+        except RuntimeError:
+            have = len(tf.config.list_logical_devices("CPU"))
+            if have < num_devices:
+                raise RuntimeError(
+                    f"asked for {num_devices} virtual CPU devices, but TensorFlow is already initialized with "
+                    f"{have}. Fix: call this before any TensorFlow op runs (in a notebook: restart the runtime "
+                    "and call it first)."
+                ) from None
+    return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(num_devices)])
