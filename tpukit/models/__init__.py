@@ -5,10 +5,18 @@ Model code never sees a strategy, a device or a recipe: build it under whatever 
 
 from tpukit import compat as _compat  # noqa: F401  (sets the Keras backend before Keras loads)
 from tpukit.models.cnn import small_cnn
+from tpukit.models.resnet import resnet50, resnet_cifar
+from tpukit.models.transformer import causal_lm, transformer_classifier
+from tpukit.models.vit import vit
 
 # Builders a recipe's `model.name` may name; their keyword arguments are the recipe's `model` keys.
 MODELS = {
     "small_cnn": small_cnn,
+    "resnet_cifar": resnet_cifar,
+    "resnet50": resnet50,
+    "transformer_classifier": transformer_classifier,
+    "causal_lm": causal_lm,
+    "vit": vit,
 }
 
-__all__ = ["MODELS", "small_cnn"]
+__all__ = ["MODELS", "causal_lm", "resnet50", "resnet_cifar", "small_cnn", "transformer_classifier", "vit"]
