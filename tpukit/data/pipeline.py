@@ -13,11 +13,18 @@ example is counted exactly once and shapes stay static.
 
 from __future__ import annotations
 
+import logging
 import math
+import os
 
+import numpy as np
 import tensorflow as tf
 
 AUTOTUNE = tf.data.AUTOTUNE
+logger = logging.getLogger("tpukit")
+
+# Caching may use at most this fraction of the memory available when the pipeline is built.
+CACHE_MEMORY_FRACTION = 0.5
 
 
 def per_replica_batch_size(global_batch_size: int, input_context: tf.distribute.InputContext | None) -> int:
@@ -40,14 +47,100 @@ def shard(dataset: tf.data.Dataset, input_context: tf.distribute.InputContext | 
     return dataset.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
 
 
-def _options(deterministic: bool) -> tf.data.Options:
-    options = tf.data.Options()
-    options.deterministic = deterministic
-    options.autotune.enabled = True
-    options.experimental_optimization.map_parallelization = True
+def available_memory_bytes() -> int | None:
+    """Memory the OS can still give this process (Linux), else physical memory, else None when unknown."""
+    for name in ("SC_AVPHYS_PAGES", "SC_PHYS_PAGES"):
+        try:
+            return os.sysconf(name) * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            continue
+    return None
+
+
+def example_bytes(element_spec) -> int | None:
+    """Bytes of one example from its (fully static, non-string) element_spec, else None."""
+    total = 0
+    for spec in tf.nest.flatten(element_spec):
+        if spec.dtype == tf.string or not spec.shape.is_fully_defined():
+            return None
+        total += int(np.prod(spec.shape.as_list(), dtype=np.int64)) * spec.dtype.size
+    return total
+
+
+def maybe_cache(
+    dataset: tf.data.Dataset,
+    enabled: bool = True,
+    *,
+    total_bytes: int | None = None,
+    name: str = "examples",
+) -> tf.data.Dataset:
+    """`dataset.cache()` in memory if it fits in `CACHE_MEMORY_FRACTION` of the available memory, else unchanged.
+
+    The size is `total_bytes` if given (e.g. the size of the files read), else cardinality x bytes per example
+    from the element_spec. When the size cannot be known the dataset is cached (as asked) and that is logged.
+    """
+    if not enabled:
+        return dataset
+    if total_bytes is None:
+        per_example, count = example_bytes(dataset.element_spec), int(dataset.cardinality())
+        if per_example is not None and count >= 0:
+            total_bytes = per_example * count
+    budget = available_memory_bytes()
+    if total_bytes is None or budget is None:
+        logger.info("tpukit: caching %s in memory (size unknown in advance)", name)
+        return dataset.cache()
+    if total_bytes > CACHE_MEMORY_FRACTION * budget:
+        logger.warning(
+            "tpukit: not caching %s: %.1f GB would not fit in %.0f%% of the %.1f GB of available memory; "
+            "the data is read again every epoch (set data.cache: false to silence this)",
+            name, total_bytes / 1e9, CACHE_MEMORY_FRACTION * 100, budget / 1e9,
+        )
+        return dataset
+    logger.info("tpukit: caching %s in memory (%.1f MB)", name, total_bytes / 1e6)
+    return dataset.cache()
+
+
+def cast_floats(dataset: tf.data.Dataset, dtype: str | tf.DType | None) -> tf.data.Dataset:
+    """Casts floating-point features (not labels) to `dtype` on the host: bfloat16 halves the TPU infeed.
+
+    Integer features (token ids) and labels are left alone; `dtype=None` or float32 features already in
+    `dtype` return the dataset unchanged.
+    """
+    if dtype is None:
+        return dataset
+    dtype = tf.as_dtype(dtype)
+    features_spec = dataset.element_spec[0]
+    if not any(s.dtype.is_floating and s.dtype != dtype for s in tf.nest.flatten(features_spec)):
+        return dataset
+
+    def cast(features, *rest):
+        features = tf.nest.map_structure(lambda t: tf.cast(t, dtype) if t.dtype.is_floating else t, features)
+        return (features, *rest)
+
+    return dataset.map(cast, num_parallel_calls=AUTOTUNE)
+
+
+def options(deterministic: bool, private_threadpool_size: int = 0) -> tf.data.Options:
+    """tf.data options for tpukit pipelines: autotuned, parallel maps, no automatic sharding.
+
+    Args:
+        deterministic: keep element order (eval, tests); training trades it for throughput.
+        private_threadpool_size: >0 gives this pipeline its own threads (isolates it from the train step's
+            host threads); 0 uses TensorFlow's shared pool.
+    """
+    result = tf.data.Options()
+    result.deterministic = deterministic
+    result.autotune.enabled = True
+    result.experimental_optimization.map_parallelization = True
+    if private_threadpool_size:
+        result.threading.private_threadpool_size = private_threadpool_size
     # Sharding is done explicitly above (per file or per example); do not let tf.distribute shard again.
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-    return options
+    result.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    return result
+
+
+def _prefetch(prefetch_batches: int | None) -> int:
+    return AUTOTUNE if prefetch_batches is None else prefetch_batches
 
 
 def training_batches(
@@ -60,21 +153,34 @@ def training_batches(
     cache: bool = True,
     deterministic: bool = False,
     repeat: bool = True,
+    feature_dtype: str | tf.DType | None = None,
+    prefetch_batches: int | None = None,
+    private_threadpool_size: int = 0,
 ) -> tf.data.Dataset:
     """Shuffled, repeated, per-replica batches with `drop_remainder=True`, so every dimension is static.
 
-    `examples` must already be this pipeline's shard (see `shard`) and unbatched.
+    Args:
+        examples: this pipeline's shard (see `shard`) of unbatched `(features, label)`.
+        global_batch_size: summed over all replicas; each batch here is the per-replica share.
+        input_context: from `distribute_datasets_from_function`; None for one device.
+        shuffle_buffer: examples in the shuffle buffer (1: no shuffle).
+        seed: shuffle seed (None: different every run).
+        cache: cache `examples` in memory if they fit (see `maybe_cache`). Sources with random augmentation
+            cache before it themselves; pass False for those.
+        deterministic: keep the order (slower); training defaults to non-deterministic.
+        repeat: repeat forever (Keras `fit` with `steps_per_epoch`).
+        feature_dtype: cast floating features to this dtype on the host (the compute dtype, e.g. bfloat16).
+        prefetch_batches: batches to prefetch (None: AUTOTUNE).
+        private_threadpool_size: see `options`.
     """
     batch = per_replica_batch_size(global_batch_size, input_context)
-    if cache:
-        examples = examples.cache()
+    examples = maybe_cache(examples, cache, name="training examples")
     if shuffle_buffer > 1:
         examples = examples.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
     if repeat:
         examples = examples.repeat()
-    return examples.batch(batch, drop_remainder=True, num_parallel_calls=AUTOTUNE).prefetch(AUTOTUNE).with_options(
-        _options(deterministic)
-    )
+    batches = cast_floats(examples.batch(batch, drop_remainder=True, num_parallel_calls=AUTOTUNE), feature_dtype)
+    return batches.prefetch(_prefetch(prefetch_batches)).with_options(options(deterministic, private_threadpool_size))
 
 
 def eval_batches(
@@ -84,12 +190,17 @@ def eval_batches(
     input_context: tf.distribute.InputContext | None = None,
     *,
     cache: bool = False,
+    feature_dtype: str | tf.DType | None = None,
+    prefetch_batches: int | None = None,
+    private_threadpool_size: int = 0,
 ) -> tf.data.Dataset:
     """Per-replica `(features, label, weight)` batches that see every example exactly once, with static shapes.
 
     Each pipeline appends zero-weight copies of a zero example after its shard and stops after the same number of
     batches as every other pipeline, so metrics weighted by `weight` are exact and no replica waits for data.
-    `num_examples` is the size of the whole split (all pipelines together).
+    `num_examples` is the size of the whole split (all pipelines together); no pipeline's shard may hold more
+    than `ceil(num_examples / num_input_pipelines)` examples, which example-level sharding (`shard`) guarantees.
+    Other arguments are as in `training_batches`.
     """
     batch = per_replica_batch_size(global_batch_size, input_context)
     pipelines = input_context.num_input_pipelines if input_context else 1
@@ -101,13 +212,13 @@ def eval_batches(
     def with_weight(weight):
         return lambda features, label: (features, label, tf.constant(weight, tf.float32))
 
-    if cache:
-        examples = examples.cache()
+    examples = maybe_cache(examples, cache, name="evaluation examples")
     real = examples.map(with_weight(1.0), num_parallel_calls=AUTOTUNE)
     zeros = tf.nest.map_structure(lambda spec: tf.zeros(spec.shape, spec.dtype), examples.element_spec)
     padding = tf.data.Dataset.from_tensors(zeros).map(with_weight(0.0)).repeat()
     padded = real.concatenate(padding).take(batches * batch)
-    return padded.batch(batch, drop_remainder=True).prefetch(AUTOTUNE).with_options(_options(deterministic=True))
+    batched = cast_floats(padded.batch(batch, drop_remainder=True), feature_dtype)
+    return batched.prefetch(_prefetch(prefetch_batches)).with_options(options(True, private_threadpool_size))
 
 
 def distribute(strategy: tf.distribute.Strategy, dataset_fn) -> tf.distribute.DistributedDataset:
