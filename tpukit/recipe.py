@@ -49,8 +49,11 @@ class DataConfig:
     train_split: str = "train"
     eval_split: str | None = "test"  # null: no evaluation
     shuffle_buffer: int = 10_000
-    cache: bool = True
+    cache: bool = True  # in memory, if it fits (else logged and skipped)
     deterministic: bool = False
+    cast_to_compute_dtype: bool = True  # float features -> the policy's compute dtype on the host (bf16 infeed)
+    prefetch_batches: int | None = None  # null: AUTOTUNE
+    private_threadpool_size: int = 0  # >0: tf.data threads of its own; 0: TensorFlow's shared pool
     options: dict[str, Any] = dataclasses.field(default_factory=dict)  # source kwargs
 
 

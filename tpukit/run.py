@@ -18,11 +18,13 @@ logger = logging.getLogger("tpukit")
 
 
 def count_examples(recipe: Recipe, split: str) -> int:
-    """Examples in a split of the recipe's source (its cardinality, else one counting pass)."""
+    """Examples in a split of the recipe's source (its fast counter, else its cardinality, else one pass)."""
     import tensorflow as tf
 
-    from tpukit.data import SOURCES
+    from tpukit.data import EXAMPLE_COUNTS, SOURCES
 
+    if recipe.data.source in EXAMPLE_COUNTS:  # fast path: no pass over decoded examples
+        return EXAMPLE_COUNTS[recipe.data.source](split=split, **recipe.data.options)
     dataset = SOURCES[recipe.data.source](split=split, input_context=None, **recipe.data.options)
     count = int(dataset.cardinality())
     if count < 0:  # unknown or infinite: count once
@@ -31,26 +33,44 @@ def count_examples(recipe: Recipe, split: str) -> int:
 
 
 def _input_fns(recipe: Recipe, eval_examples: int):
+    import keras
+
     from tpukit import data
 
     source = data.SOURCES[recipe.data.source]
     config = recipe.data
+    # Float features travel in the compute dtype (bfloat16 under mixed_bfloat16: half the infeed bytes).
+    feature_dtype = keras.mixed_precision.global_policy().compute_dtype if config.cast_to_compute_dtype else None
+    pipeline_knobs = dict(
+        feature_dtype=feature_dtype,
+        prefetch_batches=config.prefetch_batches,
+        private_threadpool_size=config.private_threadpool_size,
+    )
+
+    def examples_and_cache(split, input_context, training):
+        # Sources that augment at random cache before augmenting, so they take `cache` themselves.
+        reserved = data.run_args(source, training=training, cache=config.cache)
+        examples = source(split=split, input_context=input_context, **reserved, **config.options)
+        return examples, config.cache and "cache" not in reserved
 
     def train_fn(input_context):
-        examples = source(split=config.train_split, input_context=input_context, **config.options)
+        examples, cache = examples_and_cache(config.train_split, input_context, training=True)
         return data.training_batches(
             examples,
             config.global_batch_size,
             input_context,
             shuffle_buffer=config.shuffle_buffer,
             seed=recipe.train.seed,
-            cache=config.cache,
+            cache=cache,
             deterministic=config.deterministic,
+            **pipeline_knobs,
         )
 
     def eval_fn(input_context):
-        examples = source(split=config.eval_split, input_context=input_context, **config.options)
-        return data.eval_batches(examples, eval_examples, eval_batch_size(recipe), input_context, cache=config.cache)
+        examples, cache = examples_and_cache(config.eval_split, input_context, training=False)
+        return data.eval_batches(
+            examples, eval_examples, eval_batch_size(recipe), input_context, cache=cache, **pipeline_knobs
+        )
 
     return train_fn, eval_fn
 

@@ -1,0 +1,75 @@
+"""Every registered source through the run's wiring: recipe keys validated, static batches, dtype from policy."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_datasets as tfds
+from test_data_tfrecord import _write
+
+from tpukit import data
+from tpukit.recipe import RecipeError, from_dict
+from tpukit.run import _input_fns, count_examples
+
+
+@pytest.fixture(scope="module")
+def source_options(tmp_path_factory):
+    """Small local data for every source in data.SOURCES (a new source must be added here)."""
+    root = tmp_path_factory.mktemp("sources")
+    _write(root / "train-0", np.arange(8))
+    _write(root / "test-0", np.arange(8, 12))
+    (root / "a.txt").write_text("to be or not to be, that is the question. " * 20)
+    return {
+        "digits": {},
+        "synthetic": {"input_shape": [4, 4, 1], "num_examples": 16},
+        "text_files": {"file_pattern": str(root / "*.txt"), "sequence_length": 16, "test_fraction": 0.3},
+        "tfds": {"name": "cifar10", "augment": "crop_flip"},
+        "tfrecord_images": {"file_pattern": str(root / "{split}-*"), "image_size": [16, 16]},
+    }
+
+
+def _recipe(source, options, precision="float32"):
+    return from_dict({
+        "model": {"name": "small_cnn"},
+        "data": {"source": source, "global_batch_size": 4, "shuffle_buffer": 8, **options},
+        "train": {"epochs": 1, "learning_rate": 0.01},
+        "runtime": {"precision": precision},
+    })
+
+
+def test_every_source_is_covered(source_options):
+    assert set(source_options) == set(data.SOURCES)
+
+
+@pytest.mark.parametrize("source", sorted(data.SOURCES))
+@pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
+def test_training_and_eval_batches_have_static_shapes(source, policy, source_options):
+    keras.mixed_precision.set_global_policy(policy)
+    recipe = _recipe(source, source_options[source])
+    with tfds.testing.mock_data(num_examples=8):
+        eval_examples = count_examples(recipe, "test")
+        train_fn, eval_fn = _input_fns(recipe, eval_examples)
+        ctx = tf.distribute.InputContext(1, 0, 2)
+        for dataset in (train_fn(ctx), eval_fn(ctx)):
+            for spec in tf.nest.flatten(dataset.element_spec):
+                assert spec.shape.is_fully_defined(), (source, dataset.element_spec)
+                assert spec.shape[0] == 2  # per replica
+            features = dataset.element_spec[0]
+            if features.dtype.is_floating:
+                assert features.dtype == tf.as_dtype(keras.mixed_precision.global_policy().compute_dtype)
+        weights = sum(float(tf.reduce_sum(w)) for _, _, w in eval_fn(None))
+    assert weights == eval_examples
+
+
+def test_reserved_args_are_not_recipe_keys(source_options):
+    with pytest.raises(RecipeError, match="unknown key data.training"):
+        _recipe("tfrecord_images", {**source_options["tfrecord_images"], "training": True})
+    recipe = _recipe("tfrecord_images", {**source_options["tfrecord_images"], "split_sizes": {"test": 4}})
+    assert count_examples(recipe, "test") == 4 and count_examples(recipe, "train") == 8
+
+
+def test_pipeline_knobs_reach_the_dataset(source_options):
+    recipe = _recipe("digits", {"private_threadpool_size": 2, "prefetch_batches": 3, "deterministic": True})
+    train_fn, _ = _input_fns(recipe, 0)
+    options = train_fn(None).options()
+    assert options.threading.private_threadpool_size == 2 and options.deterministic is True
