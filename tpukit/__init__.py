@@ -7,6 +7,7 @@
 """
 
 from tpukit import compat as _compat  # noqa: F401  (sets KERAS_BACKEND=tensorflow before Keras loads)
+from tpukit import data, models
 from tpukit.logs import enable_logging
 from tpukit.recipe import Recipe, RecipeError, load_recipe
 from tpukit.strategy import TPUConnectionError, connect, cpu_mirrored_strategy, describe
@@ -29,8 +30,10 @@ __all__ = [
     "TPUConnectionError",
     "connect",
     "cpu_mirrored_strategy",
+    "data",
     "describe",
     "enable_logging",
     "load_recipe",
+    "models",
     "run",
 ]

@@ -1,0 +1,39 @@
+"""run() in-process: resume from a checkpoint, a 2-replica run on 2 virtual CPUs, batch-size checks."""
+
+import pytest
+from conftest import mirrored
+from helpers import digits_recipe
+
+from tpukit.recipe import RecipeError, from_dict
+from tpukit.run import run
+
+
+def recipe(**overrides):
+    base = {"train.epochs": 1, "data.global_batch_size": 32, "train.warmup_steps": 5, "runtime.verbose": 0}
+    return from_dict(digits_recipe(**{**base, **overrides}), "digits_cnn.yaml")
+
+
+def test_resume_continues_from_the_last_checkpoint(tmp_path):
+    first = run(recipe(), str(tmp_path))
+    assert first["resumed_from_step"] == 0 and first["step"] == 44
+    second = run(recipe(**{"train.epochs": 2}), str(tmp_path))
+    assert second["resumed_from_step"] == 44  # the first epoch was not trained again
+    assert second["step"] == 88
+    assert second["eval"]["accuracy"] >= 0.5
+
+
+def test_two_replicas_on_two_virtual_cpus(tmp_path):
+    metrics = run(recipe(**{"train.epochs": 2}), str(tmp_path), strategy=mirrored(2))
+    assert metrics["replicas"] == 2 and metrics["strategy"] == "MirroredStrategy"
+    assert metrics["jit_compile"] is False  # XLA cannot span the replicas of a MirroredStrategy
+    assert metrics["step"] == 2 * (1437 // 32)
+    assert metrics["eval_examples"] == 360
+    assert metrics["eval"]["accuracy"] > 0.5
+
+
+def test_global_batch_that_does_not_divide_by_replicas_shows_both_numbers(tmp_path):
+    with pytest.raises(RecipeError) as info:
+        run(recipe(**{"data.global_batch_size": 63}), str(tmp_path / "out"), strategy=mirrored(2))
+    assert "data.global_batch_size=63 does not divide by the 2 replicas" in str(info.value)
+    assert "--set data.global_batch_size=62" in str(info.value)
+    assert not (tmp_path / "out").exists()  # nothing written before validation passed

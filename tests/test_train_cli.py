@@ -1,0 +1,78 @@
+"""The README's main command, end to end in a subprocess: `python -m tpukit.train recipes/digits_cnn.yaml`."""
+
+import glob
+import json
+import os
+
+import pytest
+from helpers import run_cli
+
+FAST = ["--set", "train.epochs=1", "--set", "data.global_batch_size=32", "--set", "train.warmup_steps=5"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    output_dir = str(tmp_path_factory.mktemp("digits"))
+    result = run_cli("recipes/digits_cnn.yaml", "--output_dir", output_dir, *FAST)
+    return output_dir, result
+
+
+def snapshot(output_dir):
+    files = sorted(glob.glob(os.path.join(output_dir, "**", "*"), recursive=True))
+    return {f: os.path.getmtime(f) for f in files if os.path.isfile(f)}
+
+
+def test_one_epoch_trains_evaluates_and_writes_every_output(trained):
+    output_dir, result = trained
+    assert result.returncode == 0, result.stderr[-3000:]
+    with open(os.path.join(output_dir, "metrics.json")) as f:
+        metrics = json.load(f)
+    assert metrics["steps_per_epoch"] == 1437 // 32 == metrics["step"]
+    assert metrics["eval_examples"] == 360
+    assert metrics["eval"]["accuracy"] > 0.5  # chance is 0.1
+    assert 0 < metrics["eval"]["loss"] < 2.3  # below the untrained log(10)
+    assert metrics["examples_per_second"] > 0 and metrics["time_to_first_step_seconds"] > 0
+    assert metrics["jit_compile"] is True and metrics["precision"] == "float32" and metrics["replicas"] == 1
+    for path in ("recipe.yaml", "model.keras", "checkpoints/checkpoint"):
+        assert os.path.isfile(os.path.join(output_dir, path)), path
+    assert glob.glob(os.path.join(output_dir, "logs", "train", "events.out.tfevents.*"))
+    # what the user reads: the chosen strategy, the batch split, a progress bar, the accuracy and the speed
+    assert "tpukit: using _DefaultDistributionStrategy" in result.stderr
+    assert "global batch 32 = 1 replica(s) x 32 per replica" in result.stderr
+    assert "44/44" in result.stdout
+    assert "tpukit: done. eval accuracy" in result.stdout and "examples/s" in result.stdout
+
+
+def test_rerunning_the_same_command_resumes_instead_of_starting_over(trained):
+    output_dir, _ = trained
+    result = run_cli("recipes/digits_cnn.yaml", "--output_dir", output_dir, *FAST)
+    assert result.returncode == 0, result.stderr[-3000:]
+    with open(os.path.join(output_dir, "metrics.json")) as f:
+        metrics = json.load(f)
+    assert metrics["resumed_from_step"] == metrics["step"] == 44  # nothing trained twice
+    assert "all 1 epochs are done already" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--set", "train.epoch=3"], "unknown key train.epoch (received 3). Did you mean 'epochs'?"),
+        (["--set", "train.epochs=many"], "train.epochs must be an integer; received 'many' (str)"),
+        (["--set", "data.global_batch_size=5000"], "data.global_batch_size=5000 is larger than the 1437 examples"),
+    ],
+)
+def test_bad_input_exits_2_with_a_message_and_leaves_outputs_intact(trained, args, expected):
+    output_dir, _ = trained
+    before = snapshot(output_dir)
+    result = run_cli("recipes/digits_cnn.yaml", "--output_dir", output_dir, *args)
+    assert result.returncode == 2
+    assert "tpukit: error:" in result.stderr and expected in result.stderr
+    assert "Traceback" not in result.stderr
+    assert snapshot(output_dir) == before
+
+
+def test_missing_recipe_file_exits_2(tmp_path):
+    result = run_cli("recipes/nope.yaml", "--output_dir", str(tmp_path / "out"))
+    assert result.returncode == 2
+    assert "recipe 'recipes/nope.yaml' not found" in result.stderr and "Traceback" not in result.stderr
+    assert not os.path.exists(tmp_path / "out")
