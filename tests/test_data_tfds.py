@@ -78,3 +78,12 @@ def test_feature_names_are_configurable_and_checked():
         data.tfds_dataset("train", None, name="tiny_shakespeare", image_key="img", text_key="body")
     with pytest.raises(ValueError, match="augment must be one of"):
         data.tfds_dataset("train", None, name="mnist", augment="rotate")
+
+
+def test_count_uses_split_info_and_defers_when_it_cannot_say():
+    from tpukit.data import tfds as tfds_source
+
+    assert tfds_source.count("train", name="tiny_shakespeare") is None  # windows depend on sequence_length
+    assert tfds_source.count("train", name="mnist") is None  # mock_data: no split info, the run counts instead
+    with pytest.raises(ValueError, match="unknown dataset name='no_such_dataset'"):
+        data.tfds_dataset("train", None, name="no_such_dataset")

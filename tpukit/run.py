@@ -23,8 +23,10 @@ def count_examples(recipe: Recipe, split: str) -> int:
 
     from tpukit.data import EXAMPLE_COUNTS, SOURCES
 
-    if recipe.data.source in EXAMPLE_COUNTS:  # fast path: no pass over decoded examples
-        return EXAMPLE_COUNTS[recipe.data.source](split=split, **recipe.data.options)
+    counter = EXAMPLE_COUNTS.get(recipe.data.source)  # fast path: metadata or raw records, nothing decoded
+    count = counter(split=split, **recipe.data.options) if counter else None
+    if count is not None:
+        return count
     dataset = SOURCES[recipe.data.source](split=split, input_context=None, **recipe.data.options)
     count = int(dataset.cardinality())
     if count < 0:  # unknown or infinite: count once

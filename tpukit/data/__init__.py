@@ -3,6 +3,7 @@
 import inspect
 
 from tpukit import compat as _compat  # noqa: F401  (sets the Keras backend before TensorFlow/Keras load)
+from tpukit.data import tfds as _tfds
 from tpukit.data import tfrecord as _tfrecord
 from tpukit.data.pipeline import (
     cast_floats,
@@ -32,9 +33,10 @@ SOURCES = {
 # those with random augmentation, which must cache before it (caching after would freeze the augmentation).
 SOURCE_RESERVED_ARGS = ("split", "input_context", "training", "cache")
 
-# Fast example counts, `fn(split, **source_kwargs) -> int`, for sources whose datasets have no known cardinality
-# and would otherwise be counted by decoding every example.
+# Fast example counts, `fn(split, **source_kwargs) -> int | None`, from metadata or raw records instead of a pass
+# over decoded examples; None falls back to the dataset's cardinality, then to counting.
 EXAMPLE_COUNTS = {
+    "tfds": _tfds.count,
     "tfrecord_images": _tfrecord.count,
 }
 

@@ -194,3 +194,24 @@ def _language_model(builder, split, input_context, text_key, sequence_length):
     tokens = text.to_tokens([ex[text_key] for ex in documents.as_numpy_iterator()])
     inputs, labels = text.pack_windows(tokens, sequence_length)
     return shard(tf.data.Dataset.from_tensor_slices((inputs, labels)), input_context)
+
+
+def count(
+    split: str,
+    name: str = "mnist",
+    data_dir: str | None = None,
+    try_gcs: bool = False,
+    label_key: str = "label",
+    **_,
+) -> int | None:
+    """Examples in `split` from `builder.info.splits` without reading data; None when the info cannot say
+    (language-model windows, unprepared data, `tfds.testing.mock_data`)."""
+    import tensorflow_datasets as tfds
+
+    try:
+        builder = tfds.builder(name, data_dir=data_dir, try_gcs=try_gcs)
+        if label_key not in builder.info.features:
+            return None  # packed windows: their number depends on sequence_length
+        return int(builder.info.splits[split].num_examples)
+    except Exception:
+        return None
