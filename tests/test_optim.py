@@ -221,3 +221,17 @@ def test_lars_on_two_replicas_matches_one_device():
     assert model.distribute_strategy.num_replicas_in_sync == 2
     for a, b in zip(single, replicated, strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+
+
+def test_lars_momentum_survives_a_checkpoint_round_trip(tmp_path):
+    from tpukit.checkpoint import Checkpointer
+
+    weights, model = _lars_fit(jit_compile=False, steps=2)
+    saved = Checkpointer(str(tmp_path), model, model.optimizer)
+    saved.save()
+    _, fresh = _lars_fit(jit_compile=False, steps=1)
+    restored = Checkpointer(str(tmp_path), fresh, fresh.optimizer)
+    assert restored.restore_latest() == 2
+    for a, b in zip(model.optimizer.momentums, fresh.optimizer.momentums, strict=True):
+        np.testing.assert_array_equal(b.numpy(), a.numpy())
+    assert np.abs(model.optimizer.momentums[0].numpy()).sum() > 0
