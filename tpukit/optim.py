@@ -194,7 +194,6 @@ class LARS(keras.optimizers.Optimizer):
         **kwargs,
     ):
         # weight_decay is not passed on: the base class would add Keras' decoupled decay on top of ours.
-        kwargs.pop("weight_decay", None)
         super().__init__(learning_rate=learning_rate, name=name, **kwargs)
         if not 0.0 <= momentum < 1.0:
             raise ValueError(f"LARS: momentum must be in [0, 1); received momentum={momentum}.")

@@ -11,8 +11,8 @@ from __future__ import annotations
 import keras
 from keras import layers, ops
 
-# Added to masked attention logits (in float32) before the softmax: large enough to zero a probability, small
-# enough that adding it to a real logit cannot overflow to -inf and produce NaN for a fully masked row.
+# The float32 logit given to masked keys: it zeroes their probability, and being finite (not -inf) it turns a
+# fully masked row (an all-padding example) into a uniform softmax instead of NaN.
 _MASK_VALUE = -1e9
 
 
