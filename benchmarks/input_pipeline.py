@@ -28,7 +28,7 @@ import tensorflow as tf  # noqa: E402
 from tpukit import performance  # noqa: E402
 from tpukit.models import MODELS  # noqa: E402
 from tpukit.recipe import from_dict  # noqa: E402
-from tpukit.run import _build_and_compile, _input_fns  # noqa: E402
+from tpukit.runner import _build_and_compile, _input_fns  # noqa: E402
 
 
 def write_jpeg_tfrecords(directory: str, split: str, files: int, per_file: int, shape: tuple[int, int]) -> str:

@@ -4,6 +4,7 @@ The virtual devices must be configured before TensorFlow initializes, which is w
 The default strategy still uses one device (/cpu:0), so single-device tests are unaffected.
 """
 
+import functools
 import os
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -17,8 +18,13 @@ _cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(_cpu, [tf.config.LogicalDeviceConfiguration()] * VIRTUAL_CPUS)
 
 
+@functools.cache
 def mirrored(num_replicas: int) -> tf.distribute.MirroredStrategy:
-    """A MirroredStrategy over the first `num_replicas` virtual CPUs."""
+    """A MirroredStrategy over the first `num_replicas` virtual CPUs, one per device count per process.
+
+    Cached because each MirroredStrategy numbers its collective all-reduce groups from 1: a second 2-replica
+    strategy in the same process makes the next training step fail with "joining a group that is already full".
+    """
     return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(num_replicas)])
 
 

@@ -9,7 +9,7 @@ from test_data_tfrecord import _write
 
 from tpukit import data
 from tpukit.recipe import RecipeError, from_dict
-from tpukit.run import _input_fns, count_examples
+from tpukit.runner import _input_fns, count_examples
 
 
 @pytest.fixture(scope="module")

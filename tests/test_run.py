@@ -5,7 +5,7 @@ from conftest import mirrored
 from helpers import digits_recipe
 
 from tpukit.recipe import RecipeError, from_dict
-from tpukit.run import run
+from tpukit.runner import run
 
 
 def recipe(**overrides):

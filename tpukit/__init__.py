@@ -18,8 +18,8 @@ enable_logging()
 
 
 def run(recipe, output_dir, strategy=None):
-    """Trains, evaluates and exports `recipe` into `output_dir` (see `tpukit.run.run`)."""
-    from tpukit.run import run as _run
+    """Trains, evaluates and exports `recipe` into `output_dir` (see `tpukit.runner.run`)."""
+    from tpukit.runner import run as _run
 
     return _run(recipe, output_dir, strategy=strategy)
 

@@ -1,24 +1,25 @@
-"""Keras callbacks tpukit's trainer adds: checkpoints and a throughput report. They count steps with
-`optimizer.iterations`, so they stay right when `steps_per_execution` > 1."""
+"""Keras callbacks tpukit's trainer adds: throughput and TensorBoard scalars Keras does not write (learning rate,
+examples/s, steps/s). Steps are counted with `optimizer.iterations`, so they stay right when
+`steps_per_execution` > 1 and when a run resumes mid-epoch."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import keras
 
 
-class CheckpointEveryEpoch(keras.callbacks.Callback):
-    def __init__(self, checkpointer):
-        super().__init__()
-        self.checkpointer = checkpointer
-
-    def on_epoch_end(self, epoch, logs=None):
-        self.checkpointer.save()
+def _step(model) -> int:
+    return int(model.optimizer.iterations.numpy())
 
 
 class Throughput(keras.callbacks.Callback):
-    """Time to the first step (dominated by tracing and XLA compilation) and examples/s after it."""
+    """Time to the first step (dominated by tracing and XLA compilation) and examples/s after it.
+
+    One instance spans every `fit` segment of a run: the first segment's first step is the compile time, and the
+    rate is over all steps after that first execution of each segment.
+    """
 
     def __init__(self, global_batch_size: int):
         super().__init__()
@@ -26,11 +27,10 @@ class Throughput(keras.callbacks.Callback):
         self.time_to_first_step = None
         self.examples_per_second = None
         self.steps_per_second = None
+        self._steps = 0
+        self._seconds = 0.0
         self._start = None
-        self._first = None  # (time, step) after the first execution
-
-    def _step(self) -> int:
-        return int(self.model.optimizer.iterations.numpy())
+        self._first = None  # (time, step) after the first execution of this segment
 
     def on_train_begin(self, logs=None):
         self._start = time.perf_counter()
@@ -39,14 +39,56 @@ class Throughput(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         if self._first is None:
             now = time.perf_counter()
-            self.time_to_first_step = now - self._start
-            self._first = (now, self._step())
+            if self.time_to_first_step is None:
+                self.time_to_first_step = now - self._start
+            self._first = (now, _step(self.model))
+
+    def rate_since_first(self) -> tuple[int, float]:
+        """(steps, seconds) since this segment's first execution."""
+        if self._first is None:
+            return 0, 0.0
+        return _step(self.model) - self._first[1], time.perf_counter() - self._first[0]
 
     def on_train_end(self, logs=None):
-        if self._first is None:
-            return
-        seconds = time.perf_counter() - self._first[0]
-        steps = self._step() - self._first[1]
-        if steps > 0 and seconds > 0:
-            self.steps_per_second = steps / seconds
+        steps, seconds = self.rate_since_first()
+        self._steps += steps
+        self._seconds += seconds
+        if self._steps > 0 and self._seconds > 0:
+            self.steps_per_second = self._steps / self._seconds
             self.examples_per_second = self.steps_per_second * self.global_batch_size
+
+
+class TrainingScalars(keras.callbacks.Callback):
+    """Writes learning_rate, examples_per_second and steps_per_second to `log_dir/train` at every epoch end,
+    at the optimizer step (Keras' TensorBoard callback writes the metrics, not these)."""
+
+    def __init__(self, log_dir: str, throughput: Throughput):
+        super().__init__()
+        self.log_dir = os.path.join(log_dir, "train")
+        self.throughput = throughput
+        self._writer = None
+        self._last = None  # (time, step) at the previous epoch end
+
+    def on_train_begin(self, logs=None):
+        import tensorflow as tf
+
+        if self._writer is None:
+            self._writer = tf.summary.create_file_writer(self.log_dir)
+        self._last = (time.perf_counter(), _step(self.model))
+
+    def _learning_rate(self, step: int) -> float:
+        rate = self.model.optimizer.learning_rate
+        return float(keras.ops.convert_to_numpy(rate(step) if callable(rate) else rate))
+
+    def on_epoch_end(self, epoch, logs=None):
+        import tensorflow as tf
+
+        now, step = time.perf_counter(), _step(self.model)
+        with self._writer.as_default(step=step):
+            tf.summary.scalar("learning_rate", self._learning_rate(step))
+            steps, seconds = step - self._last[1], now - self._last[0]
+            if steps > 0 and seconds > 0:
+                tf.summary.scalar("steps_per_second", steps / seconds)
+                tf.summary.scalar("examples_per_second", steps * self.throughput.global_batch_size / seconds)
+        self._writer.flush()
+        self._last = (now, step)

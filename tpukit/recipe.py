@@ -60,14 +60,24 @@ class DataConfig:
 @dataclasses.dataclass
 class TrainConfig:
     epochs: int
-    learning_rate: float
+    learning_rate: float  # the peak rate; scaled by global/reference batch when reference_batch_size is set
     steps_per_epoch: int | None = None  # null: one pass over the training split
-    optimizer: Literal["adam", "adamw", "sgd"] = "adam"
+    optimizer: Literal["adam", "adamw", "sgd", "lamb", "lars"] = "adam"
     momentum: float = 0.9
-    weight_decay: float = 0.0
-    schedule: Literal["constant", "cosine"] = "constant"
+    weight_decay: float = 0.0  # in the optimizer (decoupled for adamw/lamb, coupled L2 for sgd/lars), not the loss
+    schedule: Literal["constant", "cosine", "step"] = "constant"
     warmup_steps: int = 0
+    decay_boundaries: tuple[float, ...] = (0.5, 0.75)  # schedule: step, as fractions of the total steps
+    decay_rate: float = 0.1  # schedule: step, factor at each boundary
+    reference_batch_size: int | None = None  # linear scaling rule: lr * global_batch_size / reference_batch_size
+    trust_coefficient: float = 0.001  # LARS only
+    label_smoothing: float = 0.0
     seed: int = 0
+    eval_every_epochs: int = 1  # validation during training (mode train_and_eval)
+    early_stopping_patience: int | None = None  # epochs without improvement of early_stopping_metric
+    early_stopping_metric: str = "val_loss"
+    export_best_by: str | None = None  # e.g. val_accuracy: also keep best.keras, the best model by that metric
+    max_nan_retries: int = 3  # rollbacks to the last checkpoint after a non-finite loss before giving up
 
 
 @dataclasses.dataclass
@@ -78,8 +88,10 @@ class RuntimeConfig:
     precision: Literal["auto", "float32", "mixed_bfloat16", "mixed_float16"] = "auto"
     jit_compile: bool | Literal["auto"] = "auto"
     steps_per_execution: int = 1
+    checkpoint_every_steps: int | None = None  # null: at the end of every epoch only
     max_checkpoints_to_keep: int = 3
-    verbose: int = 1
+    profile_steps: tuple[int, ...] | None = None  # [first, last] step for a TensorBoard profiler trace
+    verbose: int | Literal["auto"] = "auto"  # auto: progress bar on a terminal, one line per epoch otherwise
 
 
 @dataclasses.dataclass
@@ -335,8 +347,34 @@ def from_dict(raw: Any, path: str = "<dict>") -> Recipe:
     _positive(path, "train.steps_per_epoch", train.steps_per_epoch)
     _positive(path, "train.learning_rate", train.learning_rate, 0)
     _positive(path, "train.warmup_steps", train.warmup_steps, 0)
+    _positive(path, "train.weight_decay", train.weight_decay, 0)
+    _positive(path, "train.reference_batch_size", train.reference_batch_size)
+    if not 0 <= train.label_smoothing < 1:
+        raise RecipeError(
+            f"{path}: train.label_smoothing must be in [0, 1); received {train.label_smoothing!r}. Fix: e.g. 0.1."
+        )
+    if train.decay_rate <= 0 or any(not 0 < b < 1 for b in train.decay_boundaries):
+        raise RecipeError(
+            f"{path}: train.decay_rate must be > 0 and train.decay_boundaries fractions in (0, 1); received "
+            f"decay_rate={train.decay_rate!r}, decay_boundaries={list(train.decay_boundaries)!r}. Fix: e.g. "
+            "decay_boundaries: [0.5, 0.75], decay_rate: 0.1."
+        )
+    if train.optimizer == "adam" and train.weight_decay > 0:
+        raise RecipeError(
+            f"{path}: train.weight_decay={train.weight_decay} has no effect with train.optimizer: adam. "
+            "Fix: use optimizer: adamw (decoupled weight decay), or set weight_decay: 0."
+        )
     _positive(path, "runtime.steps_per_execution", runtime.steps_per_execution)
     _positive(path, "runtime.max_checkpoints_to_keep", runtime.max_checkpoints_to_keep)
+    _positive(path, "runtime.checkpoint_every_steps", runtime.checkpoint_every_steps)
+    _positive(path, "train.eval_every_epochs", train.eval_every_epochs)
+    _positive(path, "train.max_nan_retries", train.max_nan_retries, 0)
+    _positive(path, "train.early_stopping_patience", train.early_stopping_patience, 0)
+    if runtime.profile_steps is not None and (len(runtime.profile_steps) != 2 or not 0 < runtime.profile_steps[0] <= runtime.profile_steps[1]):
+        raise RecipeError(
+            f"{path}: runtime.profile_steps must be [first, last] with 0 < first <= last; received "
+            f"{list(runtime.profile_steps)!r}. Fix: e.g. profile_steps: [10, 20]."
+        )
     return Recipe(model=model, data=data, train=train, runtime=runtime, path=path)
 
 

@@ -211,6 +211,17 @@ def kind_of(strategy) -> str:
     return "default"
 
 
+def num_input_pipelines(strategy) -> int:
+    """How many input pipelines `distribute_datasets_from_function` makes: one per host (TPU pods, multi-worker)."""
+    kind = kind_of(strategy)
+    if kind == "tpu":
+        return int(strategy.extended.num_hosts)
+    if kind == "multi_worker":
+        spec = strategy.cluster_resolver.cluster_spec().as_dict()
+        return max(1, len(spec.get("worker", [])) + len(spec.get("chief", [])))
+    return 1
+
+
 def describe(strategy, reason: str = "") -> str:
     """One line: the strategy class, replicas, devices, why it was chosen, and the TF/Keras versions."""
     import keras

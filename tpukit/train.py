@@ -33,7 +33,7 @@ def main(argv: list[str]) -> int:
         recipe = load_recipe(argv[1], overrides)
         name = os.path.splitext(os.path.basename(recipe.path))[0]
         output_dir = FLAGS.output_dir or os.path.join("runs", name)
-        from tpukit.run import run
+        from tpukit.runner import run
         from tpukit.strategy import TPUConnectionError
 
         try:

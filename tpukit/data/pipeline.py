@@ -156,6 +156,7 @@ def training_batches(
     feature_dtype: str | tf.DType | None = None,
     prefetch_batches: int | None = None,
     private_threadpool_size: int = 0,
+    skip_steps: int = 0,
 ) -> tf.data.Dataset:
     """Shuffled, repeated, per-replica batches with `drop_remainder=True`, so every dimension is static.
 
@@ -172,6 +173,8 @@ def training_batches(
         feature_dtype: cast floating features to this dtype on the host (the compute dtype, e.g. bfloat16).
         prefetch_batches: batches to prefetch (None: AUTOTUNE).
         private_threadpool_size: see `options`.
+        skip_steps: global steps already trained (a resumed run): their batches are skipped, so with
+            `deterministic=True` the run sees exactly the data an uninterrupted run would.
     """
     batch = per_replica_batch_size(global_batch_size, input_context)
     examples = maybe_cache(examples, cache, name="training examples")
@@ -179,8 +182,28 @@ def training_batches(
         examples = examples.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
     if repeat:
         examples = examples.repeat()
-    batches = cast_floats(examples.batch(batch, drop_remainder=True, num_parallel_calls=AUTOTUNE), feature_dtype)
+    batches = examples.batch(batch, drop_remainder=True, num_parallel_calls=AUTOTUNE)
+    if skip_steps:
+        # Each global step takes one per-replica batch per replica this pipeline feeds.
+        batches = batches.skip(skip_steps * _replicas_per_pipeline(input_context))
+    batches = cast_floats(batches, feature_dtype)
     return batches.prefetch(_prefetch(prefetch_batches)).with_options(options(deterministic, private_threadpool_size))
+
+
+def _replicas_per_pipeline(input_context: tf.distribute.InputContext | None) -> int:
+    if input_context is None:
+        return 1
+    return input_context.num_replicas_in_sync // input_context.num_input_pipelines
+
+
+def eval_steps(num_examples: int, global_batch_size: int, num_input_pipelines: int = 1) -> int:
+    """Global steps in which `eval_batches` covers `num_examples` once (each pipeline padded to the largest shard).
+
+    Pass it to `evaluate(steps=...)`: without `steps`, Keras sizes a distributed dataset by its per-replica batch
+    count and reports wrong metrics (measured with Keras 3.15).
+    """
+    per_pipeline_batch = global_batch_size // num_input_pipelines
+    return math.ceil(math.ceil(num_examples / num_input_pipelines) / per_pipeline_batch)
 
 
 def eval_batches(
@@ -193,6 +216,7 @@ def eval_batches(
     feature_dtype: str | tf.DType | None = None,
     prefetch_batches: int | None = None,
     private_threadpool_size: int = 0,
+    repeat: bool = False,
 ) -> tf.data.Dataset:
     """Per-replica `(features, label, weight)` batches that see every example exactly once, with static shapes.
 
@@ -200,14 +224,14 @@ def eval_batches(
     batches as every other pipeline, so metrics weighted by `weight` are exact and no replica waits for data.
     `num_examples` is the size of the whole split (all pipelines together); no pipeline's shard may hold more
     than `ceil(num_examples / num_input_pipelines)` examples, which example-level sharding (`shard`) guarantees.
-    Other arguments are as in `training_batches`.
+    `repeat=True` repeats the padded passes: needed for Keras' validation inside `fit`, whose cached iterator
+    sizes a distributed dataset by its per-replica batch count and would run dry at the second validation; pass
+    `steps=eval_steps(...)` so each evaluation is exactly one pass. Other arguments are as in `training_batches`.
     """
     batch = per_replica_batch_size(global_batch_size, input_context)
     pipelines = input_context.num_input_pipelines if input_context else 1
-    replicas_per_pipeline = (input_context.num_replicas_in_sync // pipelines) if input_context else 1
-    per_pipeline_batch = batch * replicas_per_pipeline
-    largest_shard = math.ceil(num_examples / pipelines)
-    batches = math.ceil(largest_shard / per_pipeline_batch) * replicas_per_pipeline
+    replicas_per_pipeline = _replicas_per_pipeline(input_context)
+    batches = eval_steps(num_examples, batch * replicas_per_pipeline * pipelines, pipelines) * replicas_per_pipeline
 
     def with_weight(weight):
         return lambda features, label: (features, label, tf.constant(weight, tf.float32))
@@ -218,6 +242,8 @@ def eval_batches(
     padding = tf.data.Dataset.from_tensors(zeros).map(with_weight(0.0)).repeat()
     padded = real.concatenate(padding).take(batches * batch)
     batched = cast_floats(padded.batch(batch, drop_remainder=True), feature_dtype)
+    if repeat:
+        batched = batched.repeat()
     return batched.prefetch(_prefetch(prefetch_batches)).with_options(options(True, private_threadpool_size))
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import time
 
 from tpukit import compat
@@ -55,7 +56,7 @@ def _input_fns(recipe: Recipe, eval_examples: int):
         examples = source(split=split, input_context=input_context, **reserved, **config.options)
         return examples, config.cache and "cache" not in reserved
 
-    def train_fn(input_context):
+    def train_fn(input_context, skip_steps=0):
         examples, cache = examples_and_cache(config.train_split, input_context, training=True)
         return data.training_batches(
             examples,
@@ -65,13 +66,14 @@ def _input_fns(recipe: Recipe, eval_examples: int):
             seed=recipe.train.seed,
             cache=cache,
             deterministic=config.deterministic,
+            skip_steps=skip_steps,
             **pipeline_knobs,
         )
 
     def eval_fn(input_context):
         examples, cache = examples_and_cache(config.eval_split, input_context, training=False)
         return data.eval_batches(
-            examples, eval_examples, eval_batch_size(recipe), input_context, cache=cache, **pipeline_knobs
+            examples, eval_examples, eval_batch_size(recipe), input_context, cache=cache, repeat=True, **pipeline_knobs
         )
 
     return train_fn, eval_fn
@@ -105,16 +107,17 @@ def check_batch_sizes(recipe: Recipe, replicas: int, train_examples: int) -> int
 def _build_and_compile(recipe: Recipe, strategy, total_steps: int, jit_compile: bool):
     import keras
 
+    from tpukit.losses import build_loss
     from tpukit.models import MODELS
     from tpukit.optim import build_optimizer
 
     with strategy.scope():
         model = MODELS[recipe.model.name](**recipe.model.kwargs)
-        optimizer = build_optimizer(recipe.train, total_steps)
+        optimizer = build_optimizer(recipe.train, total_steps, global_batch_size=recipe.data.global_batch_size)
         model.compile(
             optimizer=optimizer,
-            # Mean over the real examples: eval batches carry zero-weight padding (see data.eval_batches).
-            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="mean_with_sample_weight"),
+            # Mean over the real examples only: eval batches carry zero-weight padding (see data.eval_batches).
+            loss=build_loss(recipe.train),
             weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
             jit_compile=jit_compile,
             steps_per_execution=recipe.runtime.steps_per_execution,
@@ -122,29 +125,73 @@ def _build_and_compile(recipe: Recipe, strategy, total_steps: int, jit_compile: 
     return model
 
 
-def run(recipe: Recipe, output_dir: str, strategy=None) -> dict:
-    """Trains (resuming if `output_dir` has checkpoints), evaluates, exports; returns the metrics written.
+def _verbose(setting) -> int:
+    """Keras' progress bar redraws with \\r and colour codes even into a pipe; logs get one line per epoch."""
+    if setting == "auto":
+        return 1 if sys.stdout.isatty() or "ipykernel" in sys.modules else 2
+    return setting
+
+
+def _callbacks(recipe: Recipe, output_dir: str, throughput):
+    import keras
+
+    from tpukit import callbacks
+
+    log_dir = os.path.join(output_dir, "logs")
+    profile = tuple(recipe.runtime.profile_steps) if recipe.runtime.profile_steps else 0
+    result = [throughput, callbacks.TrainingScalars(log_dir, throughput)]
+    result.append(keras.callbacks.TensorBoard(log_dir, profile_batch=profile))
+    if recipe.train.early_stopping_patience is not None:
+        result.append(
+            keras.callbacks.EarlyStopping(
+                monitor=recipe.train.early_stopping_metric, patience=recipe.train.early_stopping_patience, verbose=1
+            )
+        )
+    if recipe.train.export_best_by:
+        result.append(
+            keras.callbacks.ModelCheckpoint(
+                os.path.join(output_dir, "best.keras"), monitor=recipe.train.export_best_by, save_best_only=True
+            )
+        )
+    return result
+
+
+MODES = ("train_and_eval", "train", "eval")
+
+
+def run(recipe: Recipe, output_dir: str, strategy=None, mode: str = "train_and_eval", checkpoint: str | None = None) -> dict:
+    """Trains (resuming if `output_dir` has checkpoints), evaluates and exports; returns the metrics written.
 
     Args:
         recipe: a validated `Recipe` (see `tpukit.load_recipe`).
         output_dir: where checkpoints, logs, the model and `metrics.json` go.
         strategy: a `tf.distribute.Strategy` to use instead of `tpukit.connect(recipe.runtime.tpu)`.
+        mode: "train_and_eval" (validate every `train.eval_every_epochs`, evaluate at the end), "train"
+            (no evaluation), or "eval" (evaluate `checkpoint`, default the newest in `output_dir`, and nothing else).
+        checkpoint: for mode "eval": a checkpoint path (default: the newest one in `output_dir/checkpoints`).
 
     Raises:
         RecipeError: the recipe does not fit this hardware (batch sizes) or the data; nothing is written then.
+        tpukit.trainer.TrainingDivergedError: the loss stayed non-finite after `train.max_nan_retries` rollbacks.
     """
+    if mode not in MODES:
+        raise RecipeError(f"mode must be one of {', '.join(MODES)}; received {mode!r}. Fix: pick one of those.")
     compat.check_tensorflow()
     import keras
 
-    from tpukit import callbacks, checkpoint, data, performance
-    from tpukit.strategy import connect, kind_of
+    from tpukit import callbacks, data, performance, trainer
+    from tpukit import checkpoint as checkpoint_lib
+    from tpukit.strategy import connect, kind_of, num_input_pipelines
 
     if strategy is None:
         strategy = connect(recipe.runtime.tpu)
     kind, replicas = kind_of(strategy), strategy.num_replicas_in_sync
     train_examples = count_examples(recipe, recipe.data.train_split)
     steps_per_epoch = check_batch_sizes(recipe, replicas, train_examples)
-    eval_examples = count_examples(recipe, recipe.data.eval_split) if recipe.data.eval_split else 0
+    evaluating = mode != "train" and recipe.data.eval_split is not None
+    eval_examples = count_examples(recipe, recipe.data.eval_split) if evaluating else 0
+    if mode == "eval" and not evaluating:
+        raise RecipeError(f"{recipe.path}: mode eval needs data.eval_split; received null. Fix: set data.eval_split.")
     if recipe.runtime.steps_per_execution > 1 and kind in ("mirrored", "multi_worker") and replicas > 1:
         raise RecipeError(
             f"{recipe.path}: runtime.steps_per_execution={recipe.runtime.steps_per_execution} fails in Keras 3 with "
@@ -162,54 +209,73 @@ def run(recipe: Recipe, output_dir: str, strategy=None) -> dict:
     )
     logger.info("tpukit: precision %s (%s); jit_compile=%s (%s)", precision.value, precision.reason, jit.value, jit.reason)
 
-    # Validation is over: from here on the output directory is written.
-    os.makedirs(output_dir, exist_ok=True)
-    save_recipe(recipe, os.path.join(output_dir, "recipe.yaml"))
     keras.utils.set_random_seed(recipe.train.seed)
     keras.mixed_precision.set_global_policy(precision.value)
     total_steps = steps_per_epoch * recipe.train.epochs
-    model = _build_and_compile(recipe, strategy, total_steps, jit.value)
-    checkpointer = checkpoint.Checkpointer(
-        os.path.join(output_dir, "checkpoints"), model, model.optimizer, recipe.runtime.max_checkpoints_to_keep
+    try:
+        model = _build_and_compile(recipe, strategy, total_steps, jit.value)
+    except ValueError as error:  # builder or optimizer arguments that do not fit together
+        raise RecipeError(f"{recipe.path}: {error}") from None
+    checkpoint_dir = os.path.join(output_dir, "checkpoints")
+    checkpointer = checkpoint_lib.Checkpointer(
+        checkpoint_dir, model, model.optimizer, recipe.runtime.max_checkpoints_to_keep,
+        options=checkpoint_lib.io_options(strategy, output_dir),
     )
     with strategy.scope():
-        start_step = checkpointer.restore_latest()
-    initial_epoch = min(start_step // steps_per_epoch, recipe.train.epochs)
-
-    train_fn, eval_fn = _input_fns(recipe, eval_examples)
-    throughput = callbacks.Throughput(recipe.data.global_batch_size)
-    fit_callbacks = [
-        throughput,
-        callbacks.CheckpointEveryEpoch(checkpointer),
-        keras.callbacks.TensorBoard(os.path.join(output_dir, "logs")),
-    ]
-    history = {}
-    if initial_epoch < recipe.train.epochs:
-        started = time.time()
-        result = model.fit(
-            data.distribute(strategy, train_fn),
-            epochs=recipe.train.epochs,
-            initial_epoch=initial_epoch,
-            steps_per_epoch=steps_per_epoch,
-            callbacks=fit_callbacks,
-            shuffle=False,  # the pipeline shuffles; Keras cannot shuffle a dataset
-            verbose=recipe.runtime.verbose,
+        try:
+            start_step = checkpointer.restore(checkpoint if mode == "eval" else None)
+        except checkpoint_lib.CheckpointMismatchError as error:
+            raise RecipeError(str(error)) from None
+    if mode == "eval" and not checkpointer.manager.latest_checkpoint and not checkpoint:
+        raise RecipeError(
+            f"mode eval: no checkpoint in {checkpoint_dir}. Fix: train first, or pass the checkpoint path."
         )
-        history = {k: [float(v) for v in values] for k, values in result.history.items()}
-        logger.info("tpukit: trained epochs %d..%d in %.1fs", initial_epoch + 1, recipe.train.epochs, time.time() - started)
-    else:
-        logger.info("tpukit: all %d epochs are done already (step %d); evaluating only", recipe.train.epochs, start_step)
+
+    # Validation is over: from here on the output directory is written.
+    os.makedirs(output_dir, exist_ok=True)
+    if mode != "eval":
+        save_recipe(recipe, os.path.join(output_dir, "recipe.yaml"))
+    train_fn, eval_fn = _input_fns(recipe, eval_examples)
+    eval_steps = data.eval_steps(eval_examples, eval_batch_size(recipe), num_input_pipelines(strategy)) if evaluating else None
+
+    def eval_dataset():
+        return data.distribute(strategy, eval_fn)
+
+    throughput = callbacks.Throughput(recipe.data.global_batch_size)
+    verbose = _verbose(recipe.runtime.verbose)
+    outcome = trainer.Outcome("done", {}, 0)
+    if mode != "eval":
+        if start_step >= total_steps:
+            logger.info("tpukit: all %d epochs are done already (step %d)", recipe.train.epochs, start_step)
+        started = time.time()
+        outcome = trainer.fit_with_recovery(
+            model,
+            lambda step: data.distribute(strategy, lambda ctx: train_fn(ctx, skip_steps=step)),
+            checkpointer=checkpointer,
+            steps_per_epoch=steps_per_epoch,
+            epochs=recipe.train.epochs,
+            callbacks=_callbacks(recipe, output_dir, throughput),
+            checkpoint_every_steps=recipe.runtime.checkpoint_every_steps,
+            max_nan_retries=recipe.train.max_nan_retries,
+            validation_data=eval_dataset if evaluating else None,
+            validation_steps=eval_steps,
+            validation_freq=recipe.train.eval_every_epochs,
+            verbose=verbose,
+        )
+        if checkpointer.step > start_step:
+            logger.info("tpukit: trained steps %d..%d in %.1fs (%s)", start_step, checkpointer.step, time.time() - started, outcome.status)
 
     evaluation = {}
-    if recipe.data.eval_split:
-        # Every input pipeline yields the same number of full, padded batches, so running to the end of the
-        # data is exact and never leaves a replica waiting.
-        evaluation = model.evaluate(data.distribute(strategy, eval_fn), return_dict=True, verbose=recipe.runtime.verbose)
+    if evaluating and outcome.status != "preempted":
+        evaluation = model.evaluate(eval_dataset(), steps=eval_steps, return_dict=True, verbose=verbose)
         evaluation = {k: float(v) for k, v in evaluation.items()}
+    if mode != "eval" and outcome.status != "preempted":
+        model.save(os.path.join(output_dir, "model.keras"))
 
-    model.save(os.path.join(output_dir, "model.keras"))
     metrics = {
         "recipe": recipe.path,
+        "mode": mode,
+        "status": outcome.status,
         "strategy": type(strategy).__name__,
         "replicas": replicas,
         "precision": precision.value,
@@ -218,14 +284,16 @@ def run(recipe: Recipe, output_dir: str, strategy=None) -> dict:
         "steps_per_epoch": steps_per_epoch,
         "step": checkpointer.step,
         "resumed_from_step": start_step,
-        "train": {k: v[-1] for k, v in history.items()},
+        "nan_rollbacks": outcome.nan_rollbacks,
+        "train": {k: v[-1] for k, v in outcome.history.items() if not k.startswith("val_")},
+        "validation": {k: v[-1] for k, v in outcome.history.items() if k.startswith("val_")},
         "eval": evaluation,
         "eval_examples": eval_examples,
         "examples_per_second": throughput.examples_per_second,
         "steps_per_second": throughput.steps_per_second,
         "time_to_first_step_seconds": throughput.time_to_first_step,
     }
-    with open(os.path.join(output_dir, "metrics.json"), "w", encoding="utf-8") as f:
+    name = "eval_metrics.json" if mode == "eval" else "metrics.json"
+    with open(os.path.join(output_dir, name), "w", encoding="utf-8") as f:
         json.dump(metrics, f, indent=2)
     return metrics
-

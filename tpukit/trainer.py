@@ -1,0 +1,169 @@
+"""The fit loop around `model.fit`: step checkpoints, SIGTERM preemption, NaN rollback, mid-epoch resume.
+
+Keras' `fit` resumes only at epoch boundaries and stops at nothing but callbacks' `stop_training`. Model
+Garden's trainer adds what long TPU runs need (recovery from NaN with a bounded number of retries, checkpoints
+every N steps); this module adds the same around an unmodified `model.fit`:
+
+* the loop calls `fit` in segments: a partial epoch first when a checkpoint is mid-epoch, then whole epochs, so a
+  run interrupted at step k continues at step k, and the dataset skips the k batches already seen;
+* `TrainingGuard` (a callback) saves every `checkpoint_every_steps`, at each epoch end, and on SIGTERM (Colab
+  disconnects, preemptible TPU VMs) before stopping cleanly; it stops at the first non-finite loss without saving;
+* after a NaN the loop restores the newest checkpoint and retries, up to `max_nan_retries` times.
+
+All counting uses `optimizer.iterations`, so it stays right when `steps_per_execution` > 1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import signal
+import threading
+
+import keras
+
+logger = logging.getLogger("tpukit")
+
+# For tests: deliver a real SIGTERM to this process once the step counter reaches this value.
+_TEST_SIGTERM_AT_STEP = "TPUKIT_TEST_SIGTERM_AT_STEP"
+
+
+class TrainingDivergedError(RuntimeError):
+    """The loss stayed non-finite after every allowed rollback."""
+
+
+class TrainingGuard(keras.callbacks.Callback):
+    """Checkpoint cadence, SIGTERM handling and NaN detection for one `fit` segment."""
+
+    def __init__(self, checkpointer, checkpoint_every_steps: int | None):
+        super().__init__()
+        self.checkpointer = checkpointer
+        self.every = checkpoint_every_steps
+        self.diverged_at: int | None = None
+        self.preempted = False
+        self._sigterm = False
+        self._previous_handler = None
+        self._last_saved = checkpointer.step
+        self._sigterm_at = int(os.environ.get(_TEST_SIGTERM_AT_STEP, "0") or 0)
+
+    # -- signals ---------------------------------------------------------------------------------------------------
+    def _on_sigterm(self, signum, frame):
+        # Only set a flag: the step in flight finishes, then on_train_batch_end saves and stops.
+        self._sigterm = True
+
+    def on_train_begin(self, logs=None):
+        if threading.current_thread() is threading.main_thread():
+            self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def on_train_end(self, logs=None):
+        if self._previous_handler is not None:
+            signal.signal(signal.SIGTERM, self._previous_handler)
+            self._previous_handler = None
+
+    # -- per execution ----------------------------------------------------------------------------------------------
+    def _save(self):
+        if self.checkpointer.step != self._last_saved:
+            self.checkpointer.save()
+            self._last_saved = self.checkpointer.step
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = self.checkpointer.step
+        loss = (logs or {}).get("loss")
+        if loss is not None and not math.isfinite(float(loss)):
+            self.diverged_at = step
+            self.model.stop_training = True
+            return
+        if self._sigterm_at and step >= self._sigterm_at:
+            self._sigterm_at = 0
+            os.kill(os.getpid(), signal.SIGTERM)
+        if self._sigterm:
+            self._save()
+            self.preempted = True
+            self.model.stop_training = True
+            logger.warning("tpukit: SIGTERM received: saved step %d and stopped; run the same command to resume", step)
+            return
+        if self.every and step - self._last_saved >= self.every:
+            self._save()
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.diverged_at is None and not self.preempted:
+            self._save()
+
+
+@dataclasses.dataclass
+class Outcome:
+    status: str  # "done", "preempted", "early_stopped"
+    history: dict[str, list[float]]
+    nan_rollbacks: int
+
+
+def fit_with_recovery(
+    model,
+    make_dataset,
+    *,
+    checkpointer,
+    steps_per_epoch: int,
+    epochs: int,
+    callbacks: list,
+    checkpoint_every_steps: int | None = None,
+    max_nan_retries: int = 3,
+    validation_data=None,
+    validation_steps: int | None = None,
+    validation_freq: int = 1,
+    verbose=1,
+) -> Outcome:
+    """Trains until `epochs * steps_per_epoch` optimizer steps, resuming from `checkpointer.step`.
+
+    Args:
+        make_dataset: `make_dataset(step)` returns the training dataset positioned after `step` steps.
+        validation_data: a zero-argument callable returning the evaluation dataset (fresh for each segment).
+    """
+    total = steps_per_epoch * epochs
+    history: dict[str, list[float]] = {}
+    rollbacks = 0
+    while checkpointer.step < total:
+        step = checkpointer.step
+        epoch, offset = divmod(step, steps_per_epoch)
+        if offset:  # finish the interrupted epoch first, then continue with whole epochs
+            span = {"initial_epoch": epoch, "epochs": epoch + 1, "steps_per_epoch": steps_per_epoch - offset}
+            logger.info("tpukit: resuming mid-epoch at step %d: %d steps left in epoch %d", step, span["steps_per_epoch"], epoch + 1)
+        else:
+            span = {"initial_epoch": epoch, "epochs": epochs, "steps_per_epoch": steps_per_epoch}
+        guard = TrainingGuard(checkpointer, checkpoint_every_steps)
+        result = model.fit(
+            make_dataset(step),
+            callbacks=[guard, *callbacks],
+            validation_data=validation_data() if validation_data else None,
+            validation_steps=validation_steps,
+            validation_freq=validation_freq,
+            shuffle=False,  # the pipeline shuffles; Keras cannot shuffle a dataset
+            verbose=verbose,
+            **span,
+        )
+        for key, values in result.history.items():
+            history.setdefault(key, []).extend(float(v) for v in values)
+        if guard.diverged_at is not None:
+            rollbacks += 1
+            if rollbacks > max_nan_retries or not checkpointer.manager.latest_checkpoint:
+                raise TrainingDivergedError(
+                    f"the loss became non-finite at step {guard.diverged_at} "
+                    + (
+                        f"after {rollbacks - 1} rollback(s) (train.max_nan_retries={max_nan_retries})"
+                        if checkpointer.manager.latest_checkpoint
+                        else "before any checkpoint was saved, so there is nothing to roll back to"
+                    )
+                    + ". Fix: lower train.learning_rate, add train.warmup_steps, or check the data for NaN/inf."
+                )
+            restored = checkpointer.restore_latest()
+            logger.warning(
+                "tpukit: non-finite loss at step %d: rolled back to step %d (retry %d of %d)",
+                guard.diverged_at, restored, rollbacks, max_nan_retries,
+            )
+            continue
+        if guard.preempted:
+            return Outcome("preempted", history, rollbacks)
+        if model.stop_training:  # a callback (early stopping) ended the run
+            return Outcome("early_stopped", history, rollbacks)
+    return Outcome("done", history, rollbacks)
