@@ -1,0 +1,166 @@
+"""tpukit.flops: exact FLOP counts on hand-computed models, the TPU peak table, the measured CPU peak and its cache."""
+
+import json
+
+import keras
+import pytest
+from keras import layers
+
+from tpukit import flops
+
+
+def _dense_model():
+    inputs = keras.Input((8,))
+    x = layers.Dense(16, activation="relu")(inputs)
+    return keras.Model(inputs, layers.Dense(4)(x))
+
+
+# Forward matrix FLOPs of `_dense_model`, one example: 2*in*out per Dense (biases and relu are not matrix ops).
+DENSE_FORWARD = 2 * 8 * 16 + 2 * 16 * 4  # 384
+
+
+def _conv_model():
+    inputs = keras.Input((8, 8, 3))
+    x = layers.Conv2D(4, 3, padding="same", activation="relu")(inputs)  # 8x8x4 outputs, 3*3*3 MACs each
+    x = layers.MaxPooling2D(2)(x)  # 4x4x4
+    x = layers.Conv2D(6, 3, padding="valid")(x)  # 2x2x6 outputs, 3*3*4 MACs each
+    x = layers.Flatten()(x)  # 24
+    return keras.Model(inputs, layers.Dense(10)(x))
+
+
+CONV_FORWARD = 2 * (8 * 8 * 4) * (3 * 3 * 3) + 2 * (2 * 2 * 6) * (3 * 3 * 4) + 2 * 24 * 10  # 13824 + 1728 + 480
+
+
+def test_dense_model_counts_2_in_out_per_layer_times_3_for_training():
+    assert flops.forward_flops(_dense_model()) == DENSE_FORWARD
+    assert flops.model_flops_per_example(_dense_model()) == 3 * DENSE_FORWARD
+
+
+def test_conv_model_counts_every_output_times_kernel_volume():
+    assert flops.forward_flops(_conv_model()) == CONV_FORWARD == 16032
+    assert flops.model_flops_per_example(_conv_model()) == 3 * CONV_FORWARD
+
+
+def test_count_is_per_example_and_independent_of_the_dtype_policy():
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")  # conftest resets it
+    assert flops.forward_flops(_conv_model()) == CONV_FORWARD
+
+
+def test_einsum_ops_are_counted():
+    # MultiHeadAttention emits Einsum ops, which TensorFlow's flops registry does not know.
+    inputs = keras.Input((5, 8))
+    outputs = layers.MultiHeadAttention(num_heads=2, key_dim=4)(inputs, inputs)
+    model = keras.Model(inputs, outputs)
+    projections = 3 * (2 * 5 * 8 * (2 * 4))  # q, k, v: 8 -> 2 heads x 4, at 5 positions
+    attention = 2 * (2 * 5 * 5 * 2 * 4)  # scores and context: 5x5 per head, contracted over 4
+    output = 2 * 5 * (2 * 4) * 8
+    assert flops.forward_flops(model) == projections + attention + output == 3360
+
+
+def test_model_built_under_a_strategy(strategy_2):
+    with strategy_2.scope():
+        model = _dense_model()
+    assert flops.model_flops_per_example(model) == 3 * DENSE_FORWARD
+
+
+def test_uncountable_models_give_none_not_an_error(caplog):
+    class Subclassed(keras.Model):
+        def call(self, x):
+            return x
+
+    dynamic_inputs = keras.Input((None, 8))
+    dynamic = keras.Model(dynamic_inputs, layers.Dense(2)(dynamic_inputs))
+    with caplog.at_level("WARNING", logger="tpukit"):
+        assert flops.model_flops_per_example(Subclassed()) is None
+        assert flops.model_flops_per_example(dynamic) is None
+    assert "no symbolic inputs" in caplog.text and "dynamic shape" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "kind, generation",
+    [
+        ("TPU v2", "v2"), ("v2-8", "v2"), ("TPU v3", "v3"), ("v3-32", "v3"), ("TPU v4", "v4"), ("v4-8", "v4"),
+        ("TPU v5 lite", "v5e"), ("TPU v5e", "v5e"), ("v5litepod-16", "v5e"), ("TPU v5", "v5p"), ("v5p-8", "v5p"),
+        ("TPU v6 lite", "v6e"), ("v6e-1", "v6e"), ("TPU v7", None), ("", None), (None, None), ("CPU", None),
+    ],
+)
+def test_tpu_generation(kind, generation):
+    assert flops.tpu_generation(kind) == generation
+
+
+def test_tpu_peak_is_per_chip_divided_over_tensorflow_devices():
+    # A v3-8: 4 chips, 8 TensorFlow devices (2 TensorCores per chip) -> 4 * 123 TFLOP/s.
+    peak, source = flops.device_peak_flops("tpu", "v3-8", 8)
+    assert peak == pytest.approx(4 * 123e12)
+    assert "v3" in source and "123" in source
+    # A v4-8: 4 chips, 4 devices (megacore) -> 4 * 275 TFLOP/s. A v5e-4: 4 chips of 197.
+    assert flops.device_peak_flops("tpu", "TPU v4", 4)[0] == pytest.approx(4 * 275e12)
+    assert flops.device_peak_flops("tpu", "v5litepod-4", 4)[0] == pytest.approx(4 * 197e12)
+    assert flops.device_peak_flops("tpu", "v6e-8", 8)[0] == pytest.approx(8 * 918e12)
+    assert flops.device_peak_flops("tpu", "v5p-8", 4)[0] == pytest.approx(4 * 459e12)
+
+
+def test_unknown_tpu_gives_none_and_says_why():
+    peak, source = flops.device_peak_flops("tpu", "TPU v99", 8)
+    assert peak is None
+    assert "'TPU v99'" in source and "v6e" in source
+
+
+def test_measured_matmul_rate_is_plausible():
+    rate = flops.measure_matmul_flops(matrix_size=256, repeats=2)
+    assert 1e7 < rate < 1e15  # between a very slow CPU and far beyond any single device
+
+
+def test_measured_rate_is_2n3_over_the_best_time():
+    ticks = iter([0.0, 0.5, 1.0, 1.25, 2.0, 2.75])  # durations 0.5, 0.25, 0.75: best is 0.25
+    rate = flops.measure_matmul_flops(matrix_size=64, repeats=3, timer=lambda: next(ticks))
+    assert rate == 2 * 64**3 / 0.25
+
+
+def test_cpu_peak_is_measured_once_then_read_from_the_cache(tmp_path, monkeypatch):
+    cache = tmp_path / "peak_flops.json"
+    peak, source = flops.device_peak_flops("default", "CPU test-model", 1, cache_path=str(cache), matrix_size=128)
+    assert peak > 0 and source.startswith("measured")
+    stored = json.loads(cache.read_text())
+    assert stored == {"CPU test-model | float32 matmul 128x128": peak}
+
+    def must_not_measure(*args, **kwargs):
+        raise AssertionError("measured again although the cache has the value")
+
+    monkeypatch.setattr(flops, "measure_matmul_flops", must_not_measure)
+    again, source = flops.device_peak_flops("default", "CPU test-model", 1, cache_path=str(cache), matrix_size=128)
+    assert again == peak and source.startswith("cached")
+
+
+def test_virtual_cpu_devices_share_one_host_peak(tmp_path):
+    cache = tmp_path / "peak.json"
+    cache.write_text(json.dumps({"CPU x | float32 matmul 2048x2048": 1e11}))
+    # The conftest makes 8 virtual CPUs of one host: 8 replicas over them are still one CPU's peak.
+    assert flops.device_peak_flops("mirrored", "CPU x", 8, cache_path=str(cache))[0] == 1e11
+    assert flops.device_peak_flops("default", "CPU x", 1, cache_path=str(cache))[0] == 1e11
+
+
+def test_a_corrupt_cache_is_remeasured(tmp_path):
+    cache = tmp_path / "peak.json"
+    cache.write_text("{not json")
+    peak, source = flops.device_peak_flops("default", "CPU y", 1, cache_path=str(cache), matrix_size=64)
+    assert peak > 0 and source.startswith("measured")
+    assert json.loads(cache.read_text())["CPU y | float32 matmul 64x64"] == peak
+
+
+def test_detected_cpu_kind_names_the_processor():
+    kind = flops.detect_device_kind("default")
+    assert kind.startswith("CPU ") and "logical cores" in kind
+
+
+def test_bad_num_devices_is_refused():
+    with pytest.raises(ValueError, match="num_devices=0.*strategy.num_replicas_in_sync"):
+        flops.device_peak_flops("tpu", "v4-8", 0)
+
+
+def test_mfu():
+    assert flops.mfu(3e9, 100.0, 1e12) == pytest.approx(0.3)
+    assert flops.mfu(None, 100.0, 1e12) is None
+    assert flops.mfu(3e9, None, 1e12) is None
+    assert flops.mfu(3e9, 100.0, None) is None
+    assert flops.mfu(3e9, 100.0, 0.0) is None

@@ -1,0 +1,368 @@
+"""Model FLOPs utilization (MFU): the model's training FLOP/s as a fraction of the hardware's peak FLOP/s.
+
+    mfu = model_flops_per_example(model) * examples_per_second / peak_flops
+
+Three pieces, each usable alone:
+
+* `model_flops_per_example(model)`: training FLOPs per example, counted from the traced forward pass with
+  TensorFlow's profiler and multiplied by 3 (the backward pass costs about twice the forward: one matmul for the
+  input gradient and one for the weight gradient). Only matrix operations (MatMul, BatchMatMul, Conv2D/3D,
+  depthwise and transposed convolutions, Einsum) are counted: they are what the peak FLOP/s of a TPU's matrix
+  units or a GPU's tensor cores measures, and they make a Dense(in -> out) layer exactly `2 * in * out` FLOPs per
+  example. Bias adds, activations, normalization and softmax are left out, as in the MFU definition of the
+  PaLM paper (Chowdhery et al., 2022, appendix B). Attention score matmuls are included (they are BatchMatMuls).
+* `device_peak_flops(...)`: on a TPU, the bf16 peak from Google's published per-chip numbers
+  (`PEAK_BF16_FLOPS_PER_CHIP`); on a CPU or GPU, the float32 matmul rate measured once on this machine and cached.
+* `mfu(...)`: the ratio, or None when any input is unknown.
+
+Nothing here raises during a training run: what cannot be computed is None, with a log line that says why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import platform
+import re
+import time
+
+logger = logging.getLogger("tpukit")
+
+# bf16 peak FLOP/s per chip, from Google's Cloud TPU documentation (the "Peak compute per chip" row):
+#   v3:  123 teraflops (bf16)   https://cloud.google.com/tpu/docs/v3
+#   v4:  275 teraflops (bf16)   https://cloud.google.com/tpu/docs/v4
+#   v5e: 197 TFLOPs (bf16)      https://cloud.google.com/tpu/docs/v5e
+#   v5p: 459 TFLOPs (bf16)      https://cloud.google.com/tpu/docs/v5p
+#   v6e: 918 TFLOPs (bf16)      https://cloud.google.com/tpu/docs/v6e (Trillium)
+#   v2:  45 TFLOP/s: no current Cloud TPU page gives a per-chip number for v2. 45 is Google's 2017 announcement
+#        of 180 TFLOP/s per 4-chip Cloud TPU board, divided by 4 (Jouppi et al., "A Domain Specific
+#        Supercomputer for Training Deep Neural Networks", CACM 2020, give 46). Treat v2 MFU as +-3%.
+PEAK_BF16_FLOPS_PER_CHIP: dict[str, float] = {
+    "v2": 45e12,
+    "v3": 123e12,
+    "v4": 275e12,
+    "v5e": 197e12,
+    "v5p": 459e12,
+    "v6e": 918e12,
+}
+
+# TensorFlow devices (TPUStrategy replicas) per chip. v2 and v3 chips have two TensorCores that TensorFlow shows
+# as two TPU devices (a v3-8 has 4 chips and 8 replicas; cloud.google.com/tpu/docs/v3: "Each v3 TPU chip contains
+# two TensorCores"). v4 chips also have two TensorCores (cloud.google.com/tpu/docs/v4), as do v5p chips, but they
+# run fused as one "megacore" device, so a v4-8 (4 chips) has 4 replicas; this megacore mapping was not found in
+# the pages cited here and is unverified on hardware by tpukit. v5e and v6e chips have one TensorCore
+# (cloud.google.com/tpu/docs/v5e, v6e). If a TPU reports another device count, fix this table, not the peaks.
+TF_DEVICES_PER_CHIP: dict[str, int] = {"v2": 2, "v3": 2, "v4": 1, "v5e": 1, "v5p": 1, "v6e": 1}
+
+# The matrix operations counted by `model_flops_per_example` with TensorFlow's flops registry. Einsum has no
+# registry entry (Keras' EinsumDense and MultiHeadAttention emit it), so it is counted here (`_einsum_flops`).
+_MATRIX_OP_TYPES = ("MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Conv2D", "Conv3D",
+                    "DepthwiseConv2dNative", "Conv2DBackpropInput")
+# Ops whose bodies live in other functions, which the profiler does not descend into: a graph with them would be
+# undercounted, so it is not counted at all.
+_NESTED_OP_TYPES = ("While", "StatelessWhile", "If", "StatelessIf", "Case", "StatelessCase",
+                    "PartitionedCall", "StatefulPartitionedCall")
+
+# Forward + backward: the backward pass does two matmuls (input and weight gradients) per forward matmul.
+TRAINING_FLOPS_PER_FORWARD_FLOP = 3
+
+
+def _input_signature(model):
+    import tensorflow as tf
+
+    inputs = getattr(model, "inputs", None)
+    if not inputs:
+        raise ValueError(
+            f"model {getattr(model, 'name', model)!r} has no symbolic inputs (a subclassed model never called on "
+            "a keras.Input); build it as a functional model to count its FLOPs."
+        )
+    specs = []
+    for tensor in inputs:
+        shape = tuple(tensor.shape[1:])
+        if any(dim is None for dim in shape):
+            raise ValueError(
+                f"input {tensor.name!r} has a dynamic shape (None, {', '.join(str(d) for d in shape)}); the FLOPs "
+                "of a dynamic shape are unknown. Give the model static input shapes."
+            )
+        specs.append(tf.TensorSpec((1, *shape), tensor.dtype))
+    return specs
+
+
+def _einsum_flops(graph) -> int:
+    """FLOPs of the Einsum ops of `graph`: 2 * the product of every index size (one multiply-add per term)."""
+    total = 0
+    for op in graph.get_operations():
+        if op.type != "Einsum":
+            continue
+        equation = op.get_attr("equation")
+        equation = (equation.decode() if isinstance(equation, bytes) else equation).replace(" ", "")
+        operands = equation.split("->")[0].split(",")
+        shapes = [tuple(t.shape) for t in op.inputs]
+        if "." in equation or len(operands) != len(shapes) or any(None in s for s in shapes):
+            raise ValueError(f"cannot count the FLOPs of Einsum {op.name!r} with equation {equation!r} and input "
+                             f"shapes {shapes} (ellipsis or dynamic shape)")
+        sizes = {}
+        for letters, shape in zip(operands, shapes, strict=True):
+            sizes.update(zip(letters, shape, strict=True))
+        total += 2 * math.prod(sizes.values())
+    return total
+
+
+def forward_flops(model) -> int:
+    """Forward-pass FLOPs of one example through `model` (matrix operations only; see the module docstring).
+
+    Traces `model(x, training=False)` with a batch of 1 (nothing runs, no variable is read, so a model built
+    under any strategy works) and asks TensorFlow's profiler for the FLOPs of its matrix ops.
+
+    Raises:
+        ValueError: the model has no static input shapes, or its graph has ops whose FLOPs cannot be counted.
+    """
+    import tensorflow as tf
+    from tensorflow.python.profiler import model_analyzer, option_builder
+    from tensorflow.python.util import deprecation
+
+    specs = _input_signature(model)
+    if len(specs) == 1:
+        function = tf.function(lambda x: model(x, training=False))
+    else:
+        function = tf.function(lambda *xs: model(list(xs), training=False))
+    graph = function.get_concrete_function(*specs).graph
+    nested = sorted({op.type for op in graph.get_operations()} & set(_NESTED_OP_TYPES))
+    if nested:
+        raise ValueError(f"the traced model contains {nested} ops, whose bodies the profiler does not count")
+    options = option_builder.ProfileOptionBuilder.float_operation()
+    options["output"] = "none"
+    options["account_type_regexes"] = [f"^{name}$" for name in _MATRIX_OP_TYPES]
+    with deprecation.silence():  # the flops registry calls a TF1 shape helper that warns on every call
+        profile = model_analyzer.profile(graph=graph, options=options)
+    return int(profile.total_float_ops) + _einsum_flops(graph)
+
+
+def model_flops_per_example(model) -> float | None:
+    """Training FLOPs per example: 3 x the forward matrix-op FLOPs (see the module docstring), or None.
+
+    Args:
+        model: a functional `keras.Model` with static input shapes (the batch dimension may be None).
+
+    Returns:
+        FLOPs per example for one training step (forward + backward), or None when they cannot be counted
+        (dynamic shapes, a subclassed model, control flow); the reason is logged.
+    """
+    try:
+        forward = forward_flops(model)
+    except Exception as error:  # noqa: BLE001 - MFU is a report: it must never stop a run
+        logger.warning("tpukit: model FLOPs not counted, so no MFU is reported: %s: %s", type(error).__name__, error)
+        return None
+    if forward <= 0:
+        logger.warning("tpukit: model FLOPs not counted: the profiler found no matrix operations in the model")
+        return None
+    return float(TRAINING_FLOPS_PER_FORWARD_FLOP * forward)
+
+
+def tpu_generation(device_kind: str | None) -> str | None:
+    """The `PEAK_BF16_FLOPS_PER_CHIP` key for a TPU device kind or accelerator type, or None if unknown.
+
+    Accepts device kinds as runtimes report them ("TPU v4", "TPU v5 lite", "TPU v6e") and accelerator types
+    ("v3-8", "v5litepod-16", "v5p-8", "v6e-1").
+    """
+    if not device_kind:
+        return None
+    text = device_kind.lower().replace("tpu", " ").replace("_", " ")
+    if re.search(r"v6\s*(e|lite)|trillium", text):
+        return "v6e"
+    if re.search(r"v5\s*(e|lite)", text):
+        return "v5e"
+    if re.search(r"v5(p|\b|-)", text):  # the v5p runtime reports "TPU v5"
+        return "v5p"
+    match = re.search(r"v([234])(\b|-)", text)
+    return f"v{match.group(1)}" if match else None
+
+
+def detect_device_kind(strategy_kind: str) -> str | None:
+    """Best-effort description of the accelerator behind a strategy kind (see `tpukit.strategy.kind_of`).
+
+    TPU: `$TPU_ACCELERATOR_TYPE` (set on Cloud TPU VMs, GKE and the Colab/Kaggle TPU runtimes), else the
+    `device_kind` TensorFlow reports for the first local TPU; None when neither says (e.g. a remote TPU Node).
+    GPU: TensorFlow's device name of the first GPU. CPU: the processor model and core count.
+    """
+    import tensorflow as tf
+
+    if strategy_kind == "tpu":
+        if os.environ.get("TPU_ACCELERATOR_TYPE"):
+            return os.environ["TPU_ACCELERATOR_TYPE"]
+        try:
+            devices = tf.config.list_physical_devices("TPU")
+            details = tf.config.experimental.get_device_details(devices[0]) if devices else {}
+        except Exception:  # noqa: BLE001 - details are optional for every device type
+            details = {}
+        return details.get("device_kind") or None
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
+        try:
+            name = tf.config.experimental.get_device_details(gpus[0]).get("device_name")
+        except Exception:  # noqa: BLE001
+            name = None
+        return f"GPU {name or 'unknown'}"
+    return f"CPU {_cpu_model()} ({os.cpu_count()} logical cores)"
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def default_cache_path() -> str:
+    """`$XDG_CACHE_HOME/tpukit/peak_flops.json`, by default `~/.cache/tpukit/peak_flops.json`."""
+    cache_home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache_home, "tpukit", "peak_flops.json")
+
+
+def measure_matmul_flops(matrix_size: int = 2048, repeats: int = 3, device: str | None = None, timer=time.perf_counter) -> float:
+    """FLOP/s of a float32 `matrix_size`-square matmul on `device` (default: TensorFlow's default device).
+
+    One warm-up, then the best of `repeats` timed matmuls (best-of filters out other processes' noise). Each
+    matmul is `2 * matrix_size**3` FLOPs; a scalar reduction of the product forces it to finish (GPUs run
+    asynchronously) without copying the matrix to the host.
+    """
+    import tensorflow as tf
+
+    if matrix_size < 1 or repeats < 1:
+        raise ValueError(f"measure_matmul_flops: matrix_size and repeats must be >= 1; received "
+                         f"matrix_size={matrix_size}, repeats={repeats}.")
+    with tf.device(device) if device else contextlib.nullcontext():
+        a = tf.random.stateless_normal((matrix_size, matrix_size), seed=(1, 2), dtype=tf.float32)
+        b = tf.random.stateless_normal((matrix_size, matrix_size), seed=(3, 4), dtype=tf.float32)
+        tf.reduce_sum(tf.matmul(a, b)).numpy()  # warm-up: kernel selection, thread pool start
+        best = math.inf
+        for _ in range(repeats):
+            start = timer()
+            tf.reduce_sum(tf.matmul(a, b)).numpy()
+            best = min(best, timer() - start)
+    return 2.0 * matrix_size**3 / max(best, 1e-9)
+
+
+def _read_cache(path: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            cache = json.load(f)
+        return cache if isinstance(cache, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_cache(path: str, cache: dict) -> None:
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        temporary = f"{path}.{os.getpid()}.tmp"
+        with open(temporary, "w", encoding="utf-8") as f:
+            json.dump(cache, f, indent=2, sort_keys=True)
+        os.replace(temporary, path)  # atomic: two processes measuring at once never leave half a file
+    except OSError as error:
+        logger.warning("tpukit: could not cache the measured peak FLOP/s in %s: %s", path, error)
+
+
+def measured_peak_flops(device_kind: str, cache_path: str | None = None, matrix_size: int = 2048) -> tuple[float, bool]:
+    """The float32 matmul FLOP/s of this machine's default device: from the cache, else measured and cached.
+
+    Returns:
+        (flops_per_second, from_cache).
+    """
+    path = cache_path or default_cache_path()
+    key = f"{device_kind} | float32 matmul {matrix_size}x{matrix_size}"
+    cache = _read_cache(path)
+    cached = cache.get(key)
+    if isinstance(cached, (int, float)) and cached > 0:
+        return float(cached), True
+    flops = measure_matmul_flops(matrix_size)
+    cache[key] = flops
+    _write_cache(path, cache)
+    return flops, False
+
+
+def device_peak_flops(
+    strategy_kind: str,
+    device_kind: str | None,
+    num_devices: int,
+    cache_path: str | None = None,
+    *,
+    matrix_size: int = 2048,
+) -> tuple[float | None, str]:
+    """Peak FLOP/s of all the devices a strategy trains on, and a sentence saying where the number comes from.
+
+    Args:
+        strategy_kind: `tpukit.strategy.kind_of(strategy)`: "tpu", "multi_worker", "mirrored", "one_device" or
+            "default".
+        device_kind: for a TPU, its device kind or accelerator type ("TPU v4", "v5litepod-8"; see
+            `detect_device_kind`); for a CPU or GPU, the description the measurement is cached under (include
+            the model name: a cache shared by several machine types keeps one entry each). None: detect it.
+        num_devices: the devices (replicas) the strategy trains on: `strategy.num_replicas_in_sync`.
+        cache_path: the JSON file of measured CPU/GPU peaks; default `default_cache_path()`.
+        matrix_size: side of the square float32 matmul used to measure a CPU or GPU.
+
+    Returns:
+        (peak FLOP/s in total or None when unknown, source). TPU: bf16 peak per chip from
+        `PEAK_BF16_FLOPS_PER_CHIP`, divided by `TF_DEVICES_PER_CHIP`, times `num_devices`. GPU: the measured
+        float32 matmul rate of one GPU times `num_devices`. CPU: the measured rate of the host (TensorFlow's
+        matmul already uses every core) times the number of hosts, so virtual CPU devices are not counted twice.
+    """
+    if num_devices < 1:
+        raise ValueError(f"device_peak_flops: num_devices must be >= 1; received num_devices={num_devices}. "
+                         "Fix: pass strategy.num_replicas_in_sync.")
+    if device_kind is None:
+        device_kind = detect_device_kind(strategy_kind)
+    if strategy_kind == "tpu":
+        generation = tpu_generation(device_kind)
+        if generation is None:
+            return None, (f"unknown TPU device kind {device_kind!r} (known: {', '.join(PEAK_BF16_FLOPS_PER_CHIP)}); "
+                          "no peak FLOP/s, so no MFU")
+        per_chip = PEAK_BF16_FLOPS_PER_CHIP[generation]
+        per_device = per_chip / TF_DEVICES_PER_CHIP[generation]
+        return per_device * num_devices, (
+            f"TPU {generation} bf16 peak {per_chip / 1e12:g} TFLOP/s per chip (Cloud TPU docs) / "
+            f"{TF_DEVICES_PER_CHIP[generation]} device(s) per chip x {num_devices} device(s)"
+        )
+    try:
+        per_unit, cached = measured_peak_flops(device_kind, cache_path, matrix_size)
+    except Exception as error:  # noqa: BLE001 - MFU is a report: it must never stop a run
+        return None, f"measuring the peak FLOP/s failed ({type(error).__name__}: {error}); no MFU"
+    import tensorflow as tf
+
+    how = "cached" if cached else "measured"
+    if tf.config.list_physical_devices("GPU"):
+        units, unit_name = num_devices, "GPU(s)"
+    else:
+        units, unit_name = _cpu_hosts(num_devices), "host(s)"
+    return per_unit * units, (
+        f"{how} float32 {matrix_size}x{matrix_size} matmul peak of {device_kind}: {per_unit / 1e9:.1f} GFLOP/s "
+        f"x {units} {unit_name}"
+    )
+
+
+def _cpu_hosts(num_devices: int) -> int:
+    """Hosts behind `num_devices` CPU replicas: virtual CPU devices of one process share one host's cores."""
+    import tensorflow as tf
+
+    local = max(1, len(tf.config.list_logical_devices("CPU")))
+    return max(1, num_devices // local)
+
+
+def mfu(flops_per_example: float | None, examples_per_second: float | None, peak_flops: float | None) -> float | None:
+    """Model FLOPs utilization: `flops_per_example * examples_per_second / peak_flops`, or None if any is unknown.
+
+    Args:
+        flops_per_example: training FLOPs per example (`model_flops_per_example`).
+        examples_per_second: measured training throughput over all devices.
+        peak_flops: peak FLOP/s of all devices (`device_peak_flops`).
+    """
+    if not flops_per_example or not examples_per_second or not peak_flops or peak_flops <= 0:
+        return None
+    return float(flops_per_example) * float(examples_per_second) / float(peak_flops)
