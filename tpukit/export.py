@@ -1,0 +1,132 @@
+"""Export a trained model twice: `model.keras` (to resume, fine-tune or inspect in Keras) and a TensorFlow
+SavedModel with a `serve` endpoint (for TF Serving, Vertex AI, or `tf.saved_model.load` without tpukit or Keras).
+
+The SavedModel's `serve` endpoint (also exported as the `serving_default` signature that TF Serving requires)
+takes float32 inputs with any batch size and returns float32 outputs, whatever the training dtype policy: under
+`mixed_bfloat16` the model computes in bfloat16 inside, and a serving client never sees a bfloat16 tensor.
+
+Remote TPU Nodes (a `grpc://` TPU address, e.g. the legacy Colab TPU) run file operations on the TPU host, which
+cannot see this machine's disk (`UnimplementedError: File system scheme '[local]' not implemented`). Pass
+`io_device="/job:localhost"` (see `io_device_for`) to write and read SavedModels from this machine instead, as
+`tf.saved_model.SaveOptions(experimental_io_device=...)` / `LoadOptions` do. `model.keras` needs no option: Keras 3
+fetches the weights into this process and writes the zip file here.
+"""
+
+from __future__ import annotations
+
+import os
+
+KERAS_FILENAME = "model.keras"
+SAVED_MODEL_DIRNAME = "saved_model"
+SERVING_ENDPOINT = "serve"  # the name `keras.Model.export` gives it too (keras.src.export.saved_model)
+
+
+def io_device_for(strategy) -> str | None:
+    """"/job:localhost" for a TPUStrategy on a remote TPU Node (grpc:// master), else None (local IO works).
+
+    Args:
+        strategy: any `tf.distribute.Strategy`.
+    """
+    resolver = getattr(strategy, "cluster_resolver", None)
+    master = getattr(resolver, "master", None)
+    if not callable(master):
+        return None
+    try:
+        address = master()
+    except Exception:  # noqa: BLE001 - a resolver that cannot say is treated as local
+        return None
+    address = address.decode() if isinstance(address, bytes) else (address or "")
+    return "/job:localhost" if address.startswith("grpc://") else None
+
+
+def _serving_signature(model):
+    import tensorflow as tf
+
+    inputs = getattr(model, "inputs", None)
+    if not inputs:
+        raise ValueError(
+            f"export_model: model {getattr(model, 'name', model)!r} has no symbolic inputs, so its serving "
+            "signature is unknown. Fix: build it as a functional model (keras.Input -> ... -> keras.Model)."
+        )
+    specs = [tf.TensorSpec((None, *tensor.shape[1:]), tensor.dtype, name=_input_name(tensor, i)) for i, tensor in enumerate(inputs)]
+    # The endpoint takes one positional argument: the input tensor, or the list of inputs in `model.inputs` order.
+    return [specs[0]] if len(specs) == 1 else [specs]
+
+
+def _input_name(tensor, index: int) -> str:
+    name = getattr(tensor, "name", None) or f"input_{index}"
+    return name.split(":")[0].replace("/", "_")
+
+
+def export_model(model, output_dir: str, *, io_device: str | None = None) -> dict[str, str]:
+    """Writes `output_dir/model.keras` and the SavedModel `output_dir/saved_model/`; returns their paths.
+
+    Args:
+        model: a functional `keras.Model` (trained; any dtype policy; built under any strategy).
+        output_dir: the directory to write into (created if missing). A `gs://` path works for the SavedModel
+            from anywhere, and for `model.keras` where TensorFlow's file system can write it.
+        io_device: where SavedModel file operations run, e.g. "/job:localhost" on a remote TPU Node to write to
+            this machine's disk (`io_device_for(strategy)` picks it). None: the default device.
+
+    Returns:
+        {"keras": path of model.keras, "saved_model": path of the SavedModel directory}.
+
+    Raises:
+        ValueError: the model has no symbolic inputs (a subclassed model never called on a `keras.Input`).
+    """
+    import keras
+    import tensorflow as tf
+
+    signature = _serving_signature(model)  # fails before anything is written
+    tf.io.gfile.makedirs(output_dir)  # local paths and gs:// alike
+    keras_path = os.path.join(output_dir, KERAS_FILENAME)
+    saved_model_path = os.path.join(output_dir, SAVED_MODEL_DIRNAME)
+    model.save(keras_path)
+
+    def serve(inputs):
+        outputs = model(inputs, training=False)
+        # float32 out under any policy: serving clients (TF Serving's JSON API, numpy) expect float32.
+        return tf.nest.map_structure(
+            lambda t: tf.cast(t, tf.float32) if t.dtype.is_floating and t.dtype != tf.float32 else t, outputs
+        )
+
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+    archive.add_endpoint(SERVING_ENDPOINT, serve, input_signature=signature)
+    options = tf.saved_model.SaveOptions(experimental_io_device=io_device) if io_device else None
+    archive.write_out(saved_model_path, options=options, verbose=False)
+    return {"keras": keras_path, "saved_model": saved_model_path}
+
+
+def load_serving(path: str, *, io_device: str | None = None, endpoint: str = SERVING_ENDPOINT):
+    """Loads an exported SavedModel and returns its serving function: `outputs = serve(inputs)`.
+
+    Needs neither tpukit nor the model's Python code: only TensorFlow.
+
+    Args:
+        path: the SavedModel directory (`export_model(...)["saved_model"]`).
+        io_device: where file operations run, e.g. "/job:localhost" on a remote TPU Node. None: the default.
+        endpoint: the endpoint to return; `export_model` writes "serve".
+
+    Raises:
+        ValueError: the SavedModel has no such endpoint; the message lists the ones it has.
+    """
+    import tensorflow as tf
+
+    options = tf.saved_model.LoadOptions(experimental_io_device=io_device) if io_device else None
+    loaded = tf.saved_model.load(path, options=options)
+    function = getattr(loaded, endpoint, None)
+    if function is None:
+        available = sorted(loaded.signatures.keys())
+        raise ValueError(
+            f"load_serving: the SavedModel at {path!r} has no endpoint {endpoint!r}; received endpoint={endpoint!r}, "
+            f"its signatures are {available}. Fix: pass one of those, or re-export with tpukit.export.export_model."
+        )
+
+    def serve(*args, **kwargs):
+        # Closing over `loaded` keeps it alive: the function's variables are owned by it and would be freed
+        # with it.
+        return function(*args, **kwargs)
+
+    serve.loaded = loaded  # the whole restored object, for its other endpoints and variables
+    return serve
