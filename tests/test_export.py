@@ -129,6 +129,11 @@ def test_io_device_for_remote_tpu_nodes_only(master, expected):
     assert io_device_for(_Strategy(master)) == expected
 
 
+def test_io_device_for_gcs_directories_is_not_needed():
+    assert io_device_for(_Strategy("grpc://10.0.0.2:8470"), "gs://bucket/run") is None
+    assert io_device_for(_Strategy("grpc://10.0.0.2:8470"), "/tmp/run") == "/job:localhost"
+
+
 def test_io_device_for_strategies_without_a_resolver(strategy_2):
     assert io_device_for(strategy_2) is None
     assert io_device_for(tf.distribute.get_strategy()) is None

@@ -21,12 +21,17 @@ SAVED_MODEL_DIRNAME = "saved_model"
 SERVING_ENDPOINT = "serve"  # the name `keras.Model.export` gives it too (keras.src.export.saved_model)
 
 
-def io_device_for(strategy) -> str | None:
+def io_device_for(strategy, directory: str | None = None) -> str | None:
     """"/job:localhost" for a TPUStrategy on a remote TPU Node (grpc:// master), else None (local IO works).
+
+    The same rule as `tpukit.checkpoint.io_options`, so checkpoints and exports go through the same device.
 
     Args:
         strategy: any `tf.distribute.Strategy`.
+        directory: where the export goes; a `gs://` directory needs no routing (the TPU host reaches GCS).
     """
+    if directory is not None and directory.startswith("gs://"):
+        return None
     resolver = getattr(strategy, "cluster_resolver", None)
     master = getattr(resolver, "master", None)
     if not callable(master):
