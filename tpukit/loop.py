@@ -1,0 +1,209 @@
+"""`steps_per_execution` > 1 under multi-replica MirroredStrategy, and choosing a `steps_per_execution` that fits.
+
+Why Keras fails. With Keras 3.15 (TensorFlow backend) and TF 2.21, `fit` with `steps_per_execution` > 1 under a
+MirroredStrategy of 2+ replicas stops with "INVALID_ARGUMENT: You must feed a value for placeholder tensor
+'while/body/.../while/cond/Placeholder_1'" (https://github.com/keras-team/keras/issues/19246, open). In
+keras/src/backend/tensorflow/trainer.py, `TensorFlowTrainer._make_function` (lines 130-252):
+
+- `one_step_on_data` calls `strategy.run(step_function)` (line 134) and is its own `tf.function` (lines 143-147);
+- `multi_step_on_iterator` (a `tf.function`, lines 233-235) calls it from the `has_next` branch of a `tf.cond`
+  (lines 169-190) inside a `tf.while_loop` (lines 224-228).
+
+MirroredStrategy runs each replica in its own thread and does the cross-replica part of the step (gradient
+all-reduce, optimizer update) in `merge_call` on the main thread; TF documents merge_call inside a nested
+`tf.function` or a control-flow body as unsupported (tensorflow/python/distribute/mirrored_run.py lines 472-506,
+cases 2 and 3 in `_MirroredReplicaContext._merge_call`; here it surfaces as an unfed placeholder). Measured here
+(/work/scratch/keras_research/FINDINGS.md section 3): the error needs both the nested `tf.function` and the
+`tf.cond`; either alone works. Stock `evaluate` and `predict` work (no merge_call in the test step; predict
+loops in Python), and so does any single-replica strategy. The test function is replaced too, so that `fit` and
+`evaluate` run the same loop.
+
+The fix. `use_multi_step_loop` gives the model a train (and test) function shaped like Orbit's loop
+(tensorflow/models orbit/utils/loop_fns.py @ 0ca414d5, `create_tf_while_loop_fn`, lines 88-122: the step runs in
+the body of `for _ in tf.range(num_steps)` (lines 116-120), which AutoGraph turns into a `tf.while_loop` inside the
+caller's `tf.function`; the step calls `strategy.run` itself, e.g. `train_step` in
+orbit/examples/single_task/single_task_trainer.py). Here `strategy.run` sits directly in an explicit `tf.while_loop`
+body, with no nested `tf.function`; only the iterator fetch is conditional. Keras' own bookkeeping (epoch iterator, callbacks, `optimizer.iterations`,
+`StopIteration` at the end of data) is unchanged.
+
+Partial executions. Keras' epoch iterator (keras/src/trainers/epoch_iterator.py line 113,
+`for step in range(0, steps_per_epoch, self.steps_per_execution)`) always asks for whole executions, so with a
+repeated dataset an epoch of 8 steps at `steps_per_execution=3` trains 9 steps: the step count, learning-rate
+schedule and checkpoints drift from the epochs. `check_steps_per_execution` rejects that before training.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import types
+
+logger = logging.getLogger("tpukit")
+
+
+def _needs_loop(model) -> bool:
+    """True when Keras' own multi-step function would fail: compiled, graph mode, >1 replica, >1 step per call."""
+    return (
+        getattr(model, "compiled", False)
+        and not model.run_eagerly
+        and int(model.steps_per_execution) > 1
+        and model.distribute_strategy.num_replicas_in_sync > 1
+    )
+
+
+def _multi_step_function(model, step_function, stock_function):
+    """Runs up to `steps_per_execution` steps of `step_function` per call; returns the model's metric results.
+
+    Args:
+        model: the compiled model (its strategy and `steps_per_execution` are read once, here).
+        step_function: `model.train_step` or `model.test_step`, run per replica.
+        stock_function: Keras' own function, used for inputs that are not iterators (`train_on_batch` passes a
+            Python generator; Keras runs those step by step without a `tf.cond`, which works).
+    """
+    import tensorflow as tf
+
+    strategy = model.distribute_strategy
+    steps_per_execution = int(model.steps_per_execution)
+    # Keras maps optional inputs (tf.experimental.Optional) to None before the step; keep that behaviour.
+    replica_step = model._autoconvert_optionals(step_function) if hasattr(model, "_autoconvert_optionals") else step_function
+
+    # No jit_compile here: one XLA cluster cannot hold MirroredStrategy's cross-replica update (see
+    # performance.choose_jit_compile), and TPUStrategy compiles `strategy.run` itself. No autograph either, as in
+    # Keras (`do_not_convert`): the step runs as Python, the loop below is an explicit tf.while_loop.
+    @tf.function(reduce_retracing=True, autograph=False)
+    def multi_step(iterator):
+        def cond(step, next_inputs):
+            return tf.logical_and(step < steps_per_execution, next_inputs.has_value())
+
+        def body(step, next_inputs):
+            strategy.run(replica_step, args=(next_inputs.get_value(),))
+            # Fetch only if another step follows, so no batch is taken from the iterator and dropped.
+            following = tf.cond(step + 1 < steps_per_execution, iterator.get_next_as_optional, lambda: next_inputs)
+            return step + 1, following
+
+        steps, _ = tf.while_loop(cond, body, [tf.constant(0), iterator.get_next_as_optional()])
+        # Cross-replica context: the metrics' SyncOnRead variables read as the sum over replicas, so these are the
+        # global values (the ones the default train_step/test_step return). Extra keys that a custom step returns
+        # are not carried out of the loop.
+        return steps, model.get_metrics_result()
+
+    def function(iterator):
+        if not isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
+            return stock_function(iterator)
+        steps, logs = multi_step(iterator)
+        if int(steps) == 0:
+            raise StopIteration  # the data ran out before this execution; same contract as Keras' function
+        return logs
+
+    function.tpukit_multi_step = True  # lets tests (and debugging) tell this function from Keras' own
+    return function
+
+
+def _make_train_function(self, force=False):
+    if self.train_function is not None and not force:
+        return self.train_function
+    type(self).make_train_function(self, force=True)  # Keras' function: the fallback, and all we need at 1 replica
+    if _needs_loop(self):
+        self.train_function = _multi_step_function(self, self.train_step, self.train_function)
+    return self.train_function
+
+
+def _make_test_function(self, force=False):
+    if self.test_function is not None and not force:
+        return self.test_function
+    type(self).make_test_function(self, force=True)
+    if _needs_loop(self):
+        self.test_function = _multi_step_function(self, self.test_step, self.test_function)
+    return self.test_function
+
+
+def use_multi_step_loop(model) -> bool:
+    """Makes `fit`/`evaluate` with `steps_per_execution` > 1 work on a multi-replica MirroredStrategy.
+
+    Binds replacement `make_train_function`/`make_test_function` onto this model instance (tpukit's models are
+    functional `keras.Model`s, not subclasses). They decide on every build, so a later `compile()` with other
+    settings keeps working: with `steps_per_execution` 1, `run_eagerly` or one replica they return Keras' own
+    function. `predict` keeps Keras' function, which works (it has no `tf.cond` around `strategy.run`).
+
+    Call it after `model.compile(...)`; calling it twice is harmless.
+
+    Args:
+        model: a compiled Keras 3 model (TensorFlow backend).
+
+    Returns:
+        True if the model now uses the loop (compiled, not `run_eagerly`, `steps_per_execution` > 1 and more than
+        one replica in sync); False if the model was left untouched.
+    """
+    if not _needs_loop(model):
+        return False
+    if getattr(model.make_train_function, "__func__", None) is not _make_train_function:
+        model.make_train_function = types.MethodType(_make_train_function, model)
+        model.make_test_function = types.MethodType(_make_test_function, model)
+    # Functions Keras may have built already would bypass the new methods.
+    model.train_function = None
+    model.test_function = None
+    logger.info(
+        "tpukit: steps_per_execution=%d over %d replicas runs in tpukit's while-loop (keras-team/keras#19246)",
+        int(model.steps_per_execution), model.distribute_strategy.num_replicas_in_sync,
+    )
+    return True
+
+
+def _divisors(number: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(number) + 1) if number % d == 0]
+    return sorted(set(small + [number // d for d in small]))
+
+
+def _positive_int(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer. Received: {name}={value!r}")
+
+
+def check_steps_per_execution(steps_per_execution: int, steps_per_epoch: int) -> None:
+    """Raises ValueError unless `steps_per_execution` divides `steps_per_epoch`.
+
+    Keras only runs whole executions, so otherwise every epoch trains `ceil(steps_per_epoch / steps_per_execution)
+    * steps_per_execution` steps on repeated data (keras/src/trainers/epoch_iterator.py line 113).
+    """
+    _positive_int("steps_per_execution", steps_per_execution)
+    _positive_int("steps_per_epoch", steps_per_epoch)
+    if steps_per_epoch % steps_per_execution:
+        trained = -(-steps_per_epoch // steps_per_execution) * steps_per_execution
+        valid = ", ".join(str(d) for d in _divisors(steps_per_epoch))
+        raise ValueError(
+            f"steps_per_execution={steps_per_execution} does not divide steps_per_epoch={steps_per_epoch}: Keras runs "
+            f"whole executions only, so each epoch would train {trained} steps instead of {steps_per_epoch}. "
+            f"Fix: use a divisor of {steps_per_epoch}: {valid}."
+        )
+
+
+def auto_steps_per_execution(
+    time_one_step_seconds: float, steps_per_epoch: int, target_seconds: float = 0.5, maximum: int = 1000
+) -> int:
+    """The largest divisor of `steps_per_epoch` (at most `maximum`) whose execution takes at most `target_seconds`.
+
+    One execution of `steps_per_execution` steps takes about `steps_per_execution * time_one_step_seconds`. Longer
+    executions amortize the per-call host overhead; `target_seconds` keeps callbacks (progress bar, TensorBoard,
+    preemption checks) responsive. Never less than 1, even when one step alone exceeds the target.
+
+    Args:
+        time_one_step_seconds: measured seconds per train step (after compilation), > 0.
+        steps_per_epoch: steps in one epoch; the result divides it (see `check_steps_per_execution`).
+        target_seconds: upper bound on one execution's time, > 0.
+        maximum: upper bound on the result, >= 1.
+    """
+    if not time_one_step_seconds > 0 or math.isinf(time_one_step_seconds):
+        raise ValueError(
+            f"time_one_step_seconds must be a positive, finite number of seconds. "
+            f"Received: time_one_step_seconds={time_one_step_seconds!r}"
+        )
+    if not target_seconds > 0:
+        raise ValueError(f"target_seconds must be positive. Received: target_seconds={target_seconds!r}")
+    _positive_int("steps_per_epoch", steps_per_epoch)
+    _positive_int("maximum", maximum)
+    # The tiny tolerance keeps e.g. 5 x 0.1 s within a 0.5 s target despite float rounding.
+    fits = [
+        d for d in _divisors(steps_per_epoch)
+        if d <= maximum and d * time_one_step_seconds <= target_seconds * (1 + 1e-9)
+    ]
+    return max(fits, default=1)
