@@ -8,8 +8,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPES = os.path.join(REPO, "recipes")
 
 
-def run_cli(*args: str, cwd: str | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", KERAS_BACKEND="tensorflow")
+def run_cli(*args: str, cwd: str | None = None, timeout: int = 600, env: dict | None = None) -> subprocess.CompletedProcess:
+    env = dict(env or os.environ, TF_CPP_MIN_LOG_LEVEL="2", KERAS_BACKEND="tensorflow")
     return subprocess.run(
         [sys.executable, "-m", "tpukit.train", *args],
         capture_output=True,

@@ -1,5 +1,7 @@
 """run() in-process: resume from a checkpoint, a 2-replica run on 2 virtual CPUs, batch-size checks."""
 
+import glob
+
 import pytest
 from conftest import mirrored
 from helpers import digits_recipe
@@ -37,3 +39,23 @@ def test_global_batch_that_does_not_divide_by_replicas_shows_both_numbers(tmp_pa
     assert "data.global_batch_size=63 does not divide by the 2 replicas" in str(info.value)
     assert "--set data.global_batch_size=62" in str(info.value)
     assert not (tmp_path / "out").exists()  # nothing written before validation passed
+
+
+def test_steps_per_execution_on_two_replicas_matches_the_step_count_and_checkpoints(tmp_path):
+    # Stock Keras 3.15 fails here ("You must feed a value for placeholder tensor"); tpukit's loop does not.
+    metrics = run(
+        recipe(**{"runtime.steps_per_execution": 4, "runtime.checkpoint_every_steps": 20}),
+        str(tmp_path),
+        strategy=mirrored(2),
+    )
+    assert metrics["step"] == 44 and metrics["replicas"] == 2
+    assert metrics["eval"]["accuracy"] > 0.5
+    saved = sorted(int(p.split("-")[-1].split(".")[0]) for p in glob.glob(str(tmp_path / "checkpoints" / "ckpt-*.index")))
+    assert saved == [20, 40, 44]  # every 20 steps at execution boundaries (multiples of 4), and the epoch end
+
+
+def test_steps_per_execution_that_does_not_divide_the_epoch_lists_the_divisors(tmp_path):
+    with pytest.raises(RecipeError) as info:
+        run(recipe(**{"runtime.steps_per_execution": 3}), str(tmp_path / "out"))
+    assert "steps_per_execution=3 does not divide steps_per_epoch=44" in str(info.value)
+    assert "1, 2, 4, 11, 22, 44" in str(info.value)

@@ -40,7 +40,7 @@ def test_one_epoch_trains_evaluates_and_writes_every_output(trained):
     assert "tpukit: using _DefaultDistributionStrategy" in result.stderr
     assert "global batch 32 = 1 replica(s) x 32 per replica" in result.stderr
     assert "44/44" in result.stdout
-    assert "tpukit: done. eval accuracy" in result.stdout and "examples/s" in result.stdout
+    assert "tpukit: done (done, step 44). eval accuracy" in result.stdout and "examples/s" in result.stdout
 
 
 def test_rerunning_the_same_command_resumes_instead_of_starting_over(trained):

@@ -7,7 +7,12 @@
 """
 
 from tpukit import compat as _compat  # noqa: F401  (sets KERAS_BACKEND=tensorflow before Keras loads)
-from tpukit import data, models
+from tpukit import (  # registers serializable classes for keras.saving.load_model
+    data,
+    losses,
+    models,
+    optim,
+)
 from tpukit.logs import enable_logging
 from tpukit.recipe import Recipe, RecipeError, load_recipe
 from tpukit.strategy import TPUConnectionError, connect, cpu_mirrored_strategy, describe
@@ -17,11 +22,11 @@ __version__ = "0.1.0"
 enable_logging()
 
 
-def run(recipe, output_dir, strategy=None):
+def run(recipe, output_dir, strategy=None, mode="train_and_eval", checkpoint=None, callbacks=None):
     """Trains, evaluates and exports `recipe` into `output_dir` (see `tpukit.runner.run`)."""
     from tpukit.runner import run as _run
 
-    return _run(recipe, output_dir, strategy=strategy)
+    return _run(recipe, output_dir, strategy=strategy, mode=mode, checkpoint=checkpoint, callbacks=callbacks)
 
 
 __all__ = [
@@ -32,8 +37,10 @@ __all__ = [
     "cpu_mirrored_strategy",
     "data",
     "describe",
+    "losses",
     "enable_logging",
     "load_recipe",
     "models",
+    "optim",
     "run",
 ]

@@ -26,12 +26,13 @@ def rng_variables(model) -> list:
 def io_options(strategy, directory: str) -> tf.train.CheckpointOptions | None:
     """On a remote TPU (TPU Node, grpc:// workers) file ops run on the TPU host, which cannot see this machine's
     disk ("File system scheme '[local]' not implemented"): route them through the local job unless it is gs://."""
-    resolver = getattr(strategy, "cluster_resolver", None)
-    master = resolver.master() if resolver is not None and hasattr(resolver, "master") else ""
-    if master and master.startswith("grpc://") and not directory.startswith("gs://"):
-        logger.info("tpukit: remote TPU and a local output dir: checkpoint I/O goes through /job:localhost")
-        return tf.train.CheckpointOptions(experimental_io_device="/job:localhost")
-    return None
+    from tpukit.export import io_device_for
+
+    device = io_device_for(strategy, directory)
+    if device is None:
+        return None
+    logger.info("tpukit: remote TPU and a local output dir: checkpoint and export I/O go through %s", device)
+    return tf.train.CheckpointOptions(experimental_io_device=device)
 
 
 class Checkpointer:

@@ -159,7 +159,14 @@ def _callbacks(recipe: Recipe, output_dir: str, throughput):
 MODES = ("train_and_eval", "train", "eval")
 
 
-def run(recipe: Recipe, output_dir: str, strategy=None, mode: str = "train_and_eval", checkpoint: str | None = None) -> dict:
+def run(
+    recipe: Recipe,
+    output_dir: str,
+    strategy=None,
+    mode: str = "train_and_eval",
+    checkpoint: str | None = None,
+    callbacks: list | None = None,
+) -> dict:
     """Trains (resuming if `output_dir` has checkpoints), evaluates and exports; returns the metrics written.
 
     Args:
@@ -169,6 +176,7 @@ def run(recipe: Recipe, output_dir: str, strategy=None, mode: str = "train_and_e
         mode: "train_and_eval" (validate every `train.eval_every_epochs`, evaluate at the end), "train"
             (no evaluation), or "eval" (evaluate `checkpoint`, default the newest in `output_dir`, and nothing else).
         checkpoint: for mode "eval": a checkpoint path (default: the newest one in `output_dir/checkpoints`).
+        callbacks: extra Keras callbacks for `fit`.
 
     Raises:
         RecipeError: the recipe does not fit this hardware (batch sizes) or the data; nothing is written then.
@@ -179,8 +187,10 @@ def run(recipe: Recipe, output_dir: str, strategy=None, mode: str = "train_and_e
     compat.check_tensorflow()
     import keras
 
-    from tpukit import callbacks, data, performance, trainer
+    from tpukit import callbacks as callbacks_lib
     from tpukit import checkpoint as checkpoint_lib
+    from tpukit import data, flops, loop, performance, trainer
+    from tpukit.export import export_model, io_device_for
     from tpukit.strategy import connect, kind_of, num_input_pipelines
 
     if strategy is None:
@@ -192,11 +202,16 @@ def run(recipe: Recipe, output_dir: str, strategy=None, mode: str = "train_and_e
     eval_examples = count_examples(recipe, recipe.data.eval_split) if evaluating else 0
     if mode == "eval" and not evaluating:
         raise RecipeError(f"{recipe.path}: mode eval needs data.eval_split; received null. Fix: set data.eval_split.")
-    if recipe.runtime.steps_per_execution > 1 and kind in ("mirrored", "multi_worker") and replicas > 1:
+    if recipe.runtime.steps_per_execution > 1 and kind == "multi_worker" and replicas > 1:
+        # tpukit's multi-step loop (loop.py) is tested on MirroredStrategy only, not across worker processes.
         raise RecipeError(
-            f"{recipe.path}: runtime.steps_per_execution={recipe.runtime.steps_per_execution} fails in Keras 3 with "
-            f"a {kind} strategy over {replicas} replicas. Fix: --set runtime.steps_per_execution=1."
+            f"{recipe.path}: runtime.steps_per_execution={recipe.runtime.steps_per_execution} is not supported with "
+            f"MultiWorkerMirroredStrategy over {replicas} replicas yet. Fix: --set runtime.steps_per_execution=1."
         )
+    try:
+        loop.check_steps_per_execution(recipe.runtime.steps_per_execution, steps_per_epoch)
+    except ValueError as error:
+        raise RecipeError(f"{recipe.path}: runtime.{error}") from None
     try:
         jit = performance.choose_jit_compile(recipe.runtime.jit_compile, kind, replicas)
     except ValueError as error:
@@ -216,6 +231,8 @@ def run(recipe: Recipe, output_dir: str, strategy=None, mode: str = "train_and_e
         model = _build_and_compile(recipe, strategy, total_steps, jit.value)
     except ValueError as error:  # builder or optimizer arguments that do not fit together
         raise RecipeError(f"{recipe.path}: {error}") from None
+    # Keras 3's own multi-step loop fails on 2+ Mirrored replicas (keras-team/keras#19246); see loop.py.
+    loop.use_multi_step_loop(model)
     checkpoint_dir = os.path.join(output_dir, "checkpoints")
     checkpointer = checkpoint_lib.Checkpointer(
         checkpoint_dir, model, model.optimizer, recipe.runtime.max_checkpoints_to_keep,
@@ -231,6 +248,11 @@ def run(recipe: Recipe, output_dir: str, strategy=None, mode: str = "train_and_e
             f"mode eval: no checkpoint in {checkpoint_dir}. Fix: train first, or pass the checkpoint path."
         )
 
+    flops_per_example = flops.model_flops_per_example(model)
+    peak_flops, peak_source = flops.device_peak_flops(kind, None, replicas) if mode != "eval" else (None, "")
+    if peak_source:
+        logger.info("tpukit: %s", peak_source)
+
     # Validation is over: from here on the output directory is written.
     os.makedirs(output_dir, exist_ok=True)
     if mode != "eval":
@@ -241,7 +263,7 @@ def run(recipe: Recipe, output_dir: str, strategy=None, mode: str = "train_and_e
     def eval_dataset():
         return data.distribute(strategy, eval_fn)
 
-    throughput = callbacks.Throughput(recipe.data.global_batch_size)
+    throughput = callbacks_lib.Throughput(recipe.data.global_batch_size)
     verbose = _verbose(recipe.runtime.verbose)
     outcome = trainer.Outcome("done", {}, 0)
     if mode != "eval":
@@ -254,7 +276,7 @@ def run(recipe: Recipe, output_dir: str, strategy=None, mode: str = "train_and_e
             checkpointer=checkpointer,
             steps_per_epoch=steps_per_epoch,
             epochs=recipe.train.epochs,
-            callbacks=_callbacks(recipe, output_dir, throughput),
+            callbacks=_callbacks(recipe, output_dir, throughput) + list(callbacks or []),
             checkpoint_every_steps=recipe.runtime.checkpoint_every_steps,
             max_nan_retries=recipe.train.max_nan_retries,
             validation_data=eval_dataset if evaluating else None,
@@ -269,8 +291,9 @@ def run(recipe: Recipe, output_dir: str, strategy=None, mode: str = "train_and_e
     if evaluating and outcome.status != "preempted":
         evaluation = model.evaluate(eval_dataset(), steps=eval_steps, return_dict=True, verbose=verbose)
         evaluation = {k: float(v) for k, v in evaluation.items()}
+    exported = {}
     if mode != "eval" and outcome.status != "preempted":
-        model.save(os.path.join(output_dir, "model.keras"))
+        exported = export_model(model, output_dir, io_device=io_device_for(strategy, output_dir))
 
     metrics = {
         "recipe": recipe.path,
@@ -292,6 +315,11 @@ def run(recipe: Recipe, output_dir: str, strategy=None, mode: str = "train_and_e
         "examples_per_second": throughput.examples_per_second,
         "steps_per_second": throughput.steps_per_second,
         "time_to_first_step_seconds": throughput.time_to_first_step,
+        "flops_per_example": flops_per_example,
+        "peak_flops": peak_flops,
+        "peak_flops_source": peak_source,
+        "mfu": flops.mfu(flops_per_example, throughput.examples_per_second, peak_flops),
+        "exported": exported,
     }
     name = "eval_metrics.json" if mode == "eval" else "metrics.json"
     with open(os.path.join(output_dir, name), "w", encoding="utf-8") as f:

@@ -1,7 +1,10 @@
-"""Command line: `python -m tpukit.train RECIPE [--set section.key=value ...] [--output_dir DIR] [--tpu ADDR]`.
+"""Command line: `python -m tpukit.train RECIPE [--set section.key=value ...] [--output_dir DIR] [--tpu ADDR]
+[--mode train_and_eval|train|eval] [--checkpoint PATH]`.
 
 RECIPE is a YAML file, or the name of a recipe shipped with tpukit (e.g. `digits_cnn`). Thin by design: it parses
-flags, loads the recipe and calls `tpukit.run`. Bad recipes exit with status 2 and a one-paragraph message.
+flags, loads the recipe and calls `tpukit.run`. Exit status: 0 done, 2 bad recipe or flags (one-paragraph message,
+no traceback), 1 the TPU could not be reached or training diverged, 143 stopped by SIGTERM after saving a
+checkpoint (run the same command again to resume).
 """
 
 from __future__ import annotations
@@ -16,11 +19,17 @@ flags.DEFINE_multi_string("set", [], "Override a recipe key: --set train.epochs=
 flags.DEFINE_string("output_dir", None, "Where checkpoints, logs, the model and metrics.json go. "
                     "Default: runs/<recipe name>. Re-running with the same directory resumes.")
 flags.DEFINE_string("tpu", None, "TPU to use: a name, grpc://host:port or 'local' (overrides runtime.tpu).")
+flags.DEFINE_enum("mode", "train_and_eval", ["train_and_eval", "train", "eval"],
+                  "train_and_eval: validate during training and at the end; train: no evaluation; "
+                  "eval: evaluate a checkpoint (--checkpoint, default the newest in --output_dir).")
+flags.DEFINE_string("checkpoint", None, "For --mode=eval: the checkpoint to evaluate.")
+
+EXIT_PREEMPTED = 128 + 15  # the shell's code for "terminated by SIGTERM"
 
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
-        print(__doc__.strip().splitlines()[0].replace("Command line: ", "usage: "), file=sys.stderr)
+        print("usage: python -m tpukit.train RECIPE [--set section.key=value ...] [--output_dir DIR]", file=sys.stderr)
         return 2
     from tpukit.logs import enable_logging
     from tpukit.recipe import RecipeError, load_recipe
@@ -35,19 +44,25 @@ def main(argv: list[str]) -> int:
         output_dir = FLAGS.output_dir or os.path.join("runs", name)
         from tpukit.runner import run
         from tpukit.strategy import TPUConnectionError
+        from tpukit.trainer import TrainingDivergedError
 
         try:
-            metrics = run(recipe, output_dir)
-        except TPUConnectionError as error:
+            metrics = run(recipe, output_dir, mode=FLAGS.mode, checkpoint=FLAGS.checkpoint)
+        except (TPUConnectionError, TrainingDivergedError) as error:
             print(f"tpukit: error: {error}", file=sys.stderr)
             return 1
     except RecipeError as error:
         print(f"tpukit: error: {error}", file=sys.stderr)
         return 2
-    summary = ", ".join(f"eval {k} {v:.4f}" for k, v in metrics["eval"].items())
+    if metrics["status"] == "preempted":
+        print(f"tpukit: stopped by SIGTERM at step {metrics['step']} (checkpoint saved in {output_dir}); "
+              "run the same command again to resume.")
+        return EXIT_PREEMPTED
+    summary = ", ".join(f"eval {k} {v:.4f}" for k, v in metrics["eval"].items()) or "no evaluation"
     speed = metrics["examples_per_second"]
     print(
-        f"tpukit: done. {summary}; {speed:,.0f} examples/s" if speed else f"tpukit: done. {summary}",
+        f"tpukit: done ({metrics['status']}, step {metrics['step']}). {summary}"
+        + (f"; {speed:,.0f} examples/s" if speed else ""),
         f"({metrics['replicas']} replica(s), {metrics['strategy']}); outputs in {output_dir}",
     )
     return 0

@@ -1,0 +1,142 @@
+"""The trainer's robustness features: SIGTERM preemption and exact resume, NaN rollback, TensorBoard scalars,
+eval mode, early stopping and best-model export. All on the CPU; the preemption test delivers a real SIGTERM to a
+real training process."""
+
+import json
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from helpers import digits_recipe, run_cli
+
+import tpukit  # noqa: F401  (registers tpukit classes for load_model)
+from tpukit.recipe import from_dict
+from tpukit.runner import run
+from tpukit.trainer import TrainingDivergedError
+
+
+def recipe(**overrides):
+    base = {
+        "train.epochs": 2,
+        "data.global_batch_size": 32,
+        "train.warmup_steps": 5,
+        "runtime.verbose": 0,
+        "data.deterministic": True,
+    }
+    return from_dict(digits_recipe(**{**base, **overrides}), "digits_cnn.yaml")
+
+
+def weights(output_dir):
+    return keras.saving.load_model(os.path.join(output_dir, "model.keras")).get_weights()
+
+
+# ---- preemption ------------------------------------------------------------------------------------------------
+
+SIGTERM_ARGS = ["--set", "train.epochs=2", "--set", "data.global_batch_size=32", "--set", "data.deterministic=true"]
+
+
+def test_sigterm_mid_epoch_saves_and_the_rerun_matches_an_uninterrupted_run(tmp_path):
+    whole, interrupted = str(tmp_path / "whole"), str(tmp_path / "interrupted")
+    assert run_cli("recipes/digits_cnn.yaml", "--output_dir", whole, *SIGTERM_ARGS).returncode == 0
+
+    env = dict(os.environ, TPUKIT_TEST_SIGTERM_AT_STEP="30")  # a real SIGTERM, sent at step 30 of 88
+    first = run_cli("recipes/digits_cnn.yaml", "--output_dir", interrupted, *SIGTERM_ARGS, env=env)
+    assert first.returncode == 143, first.stderr[-2000:]
+    assert "stopped by SIGTERM at step 30" in first.stdout and "Traceback" not in first.stderr
+    with open(os.path.join(interrupted, "metrics.json")) as f:
+        assert json.load(f)["status"] == "preempted"
+    assert tf.train.latest_checkpoint(os.path.join(interrupted, "checkpoints")).endswith("ckpt-30")
+
+    second = run_cli("recipes/digits_cnn.yaml", "--output_dir", interrupted, *SIGTERM_ARGS)  # the same command
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert "resuming mid-epoch at step 30: 14 steps left in epoch 1" in second.stderr
+    with open(os.path.join(interrupted, "metrics.json")) as f:
+        metrics = json.load(f)
+    assert metrics["resumed_from_step"] == 30 and metrics["step"] == 88
+    for a, b in zip(weights(whole), weights(interrupted), strict=True):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+
+
+# ---- NaN rollback ----------------------------------------------------------------------------------------------
+
+
+class PoisonWeights(keras.callbacks.Callback):
+    """Sets the logits kernel to NaN at the end of step `at` (once, or every time it gets there)."""
+
+    def __init__(self, at: int, once: bool = True):
+        super().__init__()
+        self.at, self.once, self.fired = at, once, 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = int(self.model.optimizer.iterations.numpy())
+        if step == self.at and (not self.once or not self.fired):
+            kernel = self.model.get_layer("logits").kernel
+            kernel.assign(np.full(kernel.shape, np.nan, dtype="float32"))
+            self.fired += 1
+
+
+def test_a_nan_is_rolled_back_to_the_last_checkpoint_and_training_finishes(tmp_path):
+    poison = PoisonWeights(at=15)
+    metrics = run(recipe(**{"runtime.checkpoint_every_steps": 10}), str(tmp_path), callbacks=[poison])
+    assert poison.fired == 1
+    assert metrics["nan_rollbacks"] == 1
+    assert metrics["status"] == "done" and metrics["step"] == 88
+    assert all(np.isfinite(w).all() for w in weights(str(tmp_path)))
+    assert metrics["eval"]["accuracy"] > 0.5
+
+
+def test_a_nan_that_keeps_coming_back_stops_with_a_clear_message(tmp_path):
+    poison = PoisonWeights(at=15, once=False)
+    with pytest.raises(TrainingDivergedError) as info:
+        run(recipe(**{"runtime.checkpoint_every_steps": 10, "train.max_nan_retries": 2}), str(tmp_path), callbacks=[poison])
+    assert poison.fired == 3  # the first time and two retries
+    assert "the loss became non-finite at step 16 after 2 rollback(s) (train.max_nan_retries=2)" in str(info.value)
+    assert "Fix: lower train.learning_rate" in str(info.value)
+
+
+# ---- outputs ---------------------------------------------------------------------------------------------------
+
+
+def scalar_tags(directory):
+    tags = {}
+    for path in tf.io.gfile.glob(os.path.join(directory, "events.out.tfevents.*")):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            for value in event.summary.value:
+                tags.setdefault(value.tag, []).append(event.step)
+    return tags
+
+
+def test_tensorboard_has_metrics_learning_rate_and_throughput_at_optimizer_steps(tmp_path):
+    run(recipe(), str(tmp_path))
+    train = scalar_tags(os.path.join(tmp_path, "logs", "train"))
+    for tag in ("epoch_loss", "epoch_accuracy", "learning_rate", "examples_per_second", "steps_per_second"):
+        assert tag in train, sorted(train)
+    assert sorted(train["learning_rate"]) == [44, 88]
+    assert "epoch_loss" in scalar_tags(os.path.join(tmp_path, "logs", "validation"))
+
+
+def test_eval_mode_evaluates_the_saved_checkpoint_exactly(tmp_path):
+    trained = run(recipe(), str(tmp_path))
+    evaluated = run(recipe(), str(tmp_path), mode="eval")
+    assert evaluated["step"] == 88 and evaluated["status"] == "done"
+    assert evaluated["eval"] == pytest.approx(trained["eval"], abs=1e-6)
+    assert os.path.isfile(os.path.join(tmp_path, "eval_metrics.json"))
+
+
+def test_early_stopping_and_best_model_export(tmp_path):
+    # A zero learning rate never improves val_loss, so patience 0 stops after the second epoch of five.
+    metrics = run(
+        recipe(**{
+            "train.epochs": 5,
+            "train.learning_rate": 0.0,
+            "train.warmup_steps": 0,
+            "train.early_stopping_patience": 0,
+            "train.export_best_by": "val_accuracy",
+        }),
+        str(tmp_path),
+    )
+    assert metrics["status"] == "early_stopped"
+    assert metrics["step"] == 2 * 44
+    assert os.path.isfile(os.path.join(tmp_path, "best.keras"))
