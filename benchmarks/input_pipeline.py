@@ -95,7 +95,7 @@ def pipeline_rate(dataset: tf.data.Dataset, batch: int, seconds: float) -> tuple
 def step_rate(recipe, batch_tensors, batch: int, seconds: float) -> float:
     strategy = tf.distribute.get_strategy()
     jit = performance.choose_jit_compile("auto", "default", 1).value
-    model = _build_and_compile(recipe, strategy, total_steps=1000, jit_compile=jit)
+    model = _build_and_compile(recipe, strategy, total_steps=1000, jit_compile=jit, steps_per_execution=1)
     data = tf.data.Dataset.from_tensors(batch_tensors).repeat()
     model.fit(data, steps_per_epoch=2, epochs=1, verbose=0)  # compile
     start = time.perf_counter()

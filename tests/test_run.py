@@ -59,3 +59,11 @@ def test_steps_per_execution_that_does_not_divide_the_epoch_lists_the_divisors(t
         run(recipe(**{"runtime.steps_per_execution": 3}), str(tmp_path / "out"))
     assert "steps_per_execution=3 does not divide steps_per_epoch=44" in str(info.value)
     assert "1, 2, 4, 11, 22, 44" in str(info.value)
+
+
+def test_auto_steps_per_execution_picks_a_divisor_of_the_epoch_from_a_probe(tmp_path):
+    metrics = run(recipe(**{"runtime.steps_per_execution": "auto"}), str(tmp_path))
+    chosen = metrics["steps_per_execution"]
+    assert isinstance(chosen, int) and 44 % chosen == 0
+    assert chosen > 1  # a digits step takes milliseconds here: several fit in the 0.5 s target
+    assert metrics["step"] == 44 and metrics["resumed_from_step"] == 0  # the probe trained a throwaway copy

@@ -87,7 +87,10 @@ class RuntimeConfig:
     tpu: str | None = None  # a TPU name, grpc://host:port or "local"; null: auto-detect
     precision: Literal["auto", "float32", "mixed_bfloat16", "mixed_float16"] = "auto"
     jit_compile: bool | Literal["auto"] = "auto"
-    steps_per_execution: int = 1
+    # Steps per host call (the main TPU throughput knob). auto: the largest divisor of the epoch whose call takes
+    # at most steps_per_execution_target_seconds, timed on a throwaway copy of the model before training.
+    steps_per_execution: int | Literal["auto"] = 1
+    steps_per_execution_target_seconds: float = 0.5
     checkpoint_every_steps: int | None = None  # null: at the end of every epoch only
     max_checkpoints_to_keep: int = 3
     profile_steps: tuple[int, ...] | None = None  # [first, last] step for a TensorBoard profiler trace
@@ -364,7 +367,9 @@ def from_dict(raw: Any, path: str = "<dict>") -> Recipe:
             f"{path}: train.weight_decay={train.weight_decay} has no effect with train.optimizer: adam. "
             "Fix: use optimizer: adamw (decoupled weight decay), or set weight_decay: 0."
         )
-    _positive(path, "runtime.steps_per_execution", runtime.steps_per_execution)
+    if runtime.steps_per_execution != "auto":
+        _positive(path, "runtime.steps_per_execution", runtime.steps_per_execution)
+    _positive(path, "runtime.steps_per_execution_target_seconds", runtime.steps_per_execution_target_seconds, 1e-3)
     _positive(path, "runtime.max_checkpoints_to_keep", runtime.max_checkpoints_to_keep)
     _positive(path, "runtime.checkpoint_every_steps", runtime.checkpoint_every_steps)
     _positive(path, "train.eval_every_epochs", train.eval_every_epochs)

@@ -6,8 +6,10 @@ Outputs in `output_dir`: `recipe.yaml` (resolved), `checkpoints/`, `logs/` (Tens
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -104,7 +106,7 @@ def check_batch_sizes(recipe: Recipe, replicas: int, train_examples: int) -> int
     return steps
 
 
-def _build_and_compile(recipe: Recipe, strategy, total_steps: int, jit_compile: bool):
+def _build_and_compile(recipe: Recipe, strategy, total_steps: int, jit_compile: bool, steps_per_execution: int):
     import keras
 
     from tpukit.losses import build_loss
@@ -120,9 +122,43 @@ def _build_and_compile(recipe: Recipe, strategy, total_steps: int, jit_compile: 
             loss=build_loss(recipe.train),
             weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
             jit_compile=jit_compile,
-            steps_per_execution=recipe.runtime.steps_per_execution,
+            steps_per_execution=steps_per_execution,
         )
     return model
+
+
+def _probe_steps_per_execution(recipe: Recipe, strategy, make_dataset, steps_per_epoch: int, jit: bool, start_step: int) -> int:
+    """Times a few steps of a throwaway copy of the model (one step per call) and returns `loop.auto_...`'s pick.
+
+    The pick also divides the steps left in an interrupted epoch, so a resumed run keeps whole executions.
+    """
+    import keras
+
+    from tpukit import loop
+
+    class Timer(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.times = []
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.times.append(time.perf_counter())
+
+    probe_steps = min(steps_per_epoch, 8)
+    model = _build_and_compile(recipe, strategy, steps_per_epoch, jit, steps_per_execution=1)
+    timer = Timer()
+    model.fit(make_dataset(0), epochs=1, steps_per_epoch=probe_steps, verbose=0, callbacks=[timer], shuffle=False)
+    gaps = sorted(b - a for a, b in itertools.pairwise(timer.times))  # the first call (compilation) is left out
+    seconds = gaps[len(gaps) // 2] if gaps else max(timer.times[-1] - timer.times[0], 1e-6)
+    left = steps_per_epoch - start_step % steps_per_epoch
+    chosen = loop.auto_steps_per_execution(
+        max(seconds, 1e-6), math.gcd(steps_per_epoch, left), recipe.runtime.steps_per_execution_target_seconds
+    )
+    logger.info(
+        "tpukit: steps_per_execution auto -> %d (one step took %.2f ms; target %.2f s per call; %d steps per epoch)",
+        chosen, seconds * 1e3, recipe.runtime.steps_per_execution_target_seconds, steps_per_epoch,
+    )
+    return chosen
 
 
 def _verbose(setting) -> int:
@@ -186,6 +222,7 @@ def run(
         raise RecipeError(f"mode must be one of {', '.join(MODES)}; received {mode!r}. Fix: pick one of those.")
     compat.check_tensorflow()
     import keras
+    import tensorflow as tf
 
     from tpukit import callbacks as callbacks_lib
     from tpukit import checkpoint as checkpoint_lib
@@ -202,16 +239,17 @@ def run(
     eval_examples = count_examples(recipe, recipe.data.eval_split) if evaluating else 0
     if mode == "eval" and not evaluating:
         raise RecipeError(f"{recipe.path}: mode eval needs data.eval_split; received null. Fix: set data.eval_split.")
-    if recipe.runtime.steps_per_execution > 1 and kind == "multi_worker" and replicas > 1:
+    if recipe.runtime.steps_per_execution != 1 and kind == "multi_worker" and replicas > 1:
         # tpukit's multi-step loop (loop.py) is tested on MirroredStrategy only, not across worker processes.
         raise RecipeError(
             f"{recipe.path}: runtime.steps_per_execution={recipe.runtime.steps_per_execution} is not supported with "
             f"MultiWorkerMirroredStrategy over {replicas} replicas yet. Fix: --set runtime.steps_per_execution=1."
         )
-    try:
-        loop.check_steps_per_execution(recipe.runtime.steps_per_execution, steps_per_epoch)
-    except ValueError as error:
-        raise RecipeError(f"{recipe.path}: runtime.{error}") from None
+    if recipe.runtime.steps_per_execution != "auto":
+        try:
+            loop.check_steps_per_execution(recipe.runtime.steps_per_execution, steps_per_epoch)
+        except ValueError as error:
+            raise RecipeError(f"{recipe.path}: runtime.{error}") from None
     try:
         jit = performance.choose_jit_compile(recipe.runtime.jit_compile, kind, replicas)
     except ValueError as error:
@@ -224,16 +262,27 @@ def run(
     )
     logger.info("tpukit: precision %s (%s); jit_compile=%s (%s)", precision.value, precision.reason, jit.value, jit.reason)
 
-    keras.utils.set_random_seed(recipe.train.seed)
     keras.mixed_precision.set_global_policy(precision.value)
     total_steps = steps_per_epoch * recipe.train.epochs
+    checkpoint_dir = os.path.join(output_dir, "checkpoints")
+    train_fn, eval_fn = _input_fns(recipe, eval_examples)
+
+    def train_dataset(step):
+        return data.distribute(strategy, lambda ctx: train_fn(ctx, skip_steps=step))
+
+    steps_per_execution = recipe.runtime.steps_per_execution
+    if steps_per_execution == "auto":
+        # Before seeding, so the model trained below is initialized exactly as with a fixed value.
+        latest = tf.train.latest_checkpoint(checkpoint_dir) if mode != "eval" else None
+        start = int(latest.rsplit("-", 1)[1]) if latest else 0  # tpukit numbers checkpoints by step
+        steps_per_execution = _probe_steps_per_execution(recipe, strategy, train_dataset, steps_per_epoch, jit.value, start)
+    keras.utils.set_random_seed(recipe.train.seed)
     try:
-        model = _build_and_compile(recipe, strategy, total_steps, jit.value)
+        model = _build_and_compile(recipe, strategy, total_steps, jit.value, steps_per_execution)
     except ValueError as error:  # builder or optimizer arguments that do not fit together
         raise RecipeError(f"{recipe.path}: {error}") from None
     # Keras 3's own multi-step loop fails on 2+ Mirrored replicas (keras-team/keras#19246); see loop.py.
     loop.use_multi_step_loop(model)
-    checkpoint_dir = os.path.join(output_dir, "checkpoints")
     checkpointer = checkpoint_lib.Checkpointer(
         checkpoint_dir, model, model.optimizer, recipe.runtime.max_checkpoints_to_keep,
         options=checkpoint_lib.io_options(strategy, output_dir),
@@ -257,7 +306,6 @@ def run(
     os.makedirs(output_dir, exist_ok=True)
     if mode != "eval":
         save_recipe(recipe, os.path.join(output_dir, "recipe.yaml"))
-    train_fn, eval_fn = _input_fns(recipe, eval_examples)
     eval_steps = data.eval_steps(eval_examples, eval_batch_size(recipe), num_input_pipelines(strategy)) if evaluating else None
 
     def eval_dataset():
@@ -272,7 +320,7 @@ def run(
         started = time.time()
         outcome = trainer.fit_with_recovery(
             model,
-            lambda step: data.distribute(strategy, lambda ctx: train_fn(ctx, skip_steps=step)),
+            train_dataset,
             checkpointer=checkpointer,
             steps_per_epoch=steps_per_epoch,
             epochs=recipe.train.epochs,
@@ -303,6 +351,7 @@ def run(
         "replicas": replicas,
         "precision": precision.value,
         "jit_compile": jit.value,
+        "steps_per_execution": steps_per_execution,
         "global_batch_size": recipe.data.global_batch_size,
         "steps_per_epoch": steps_per_epoch,
         "step": checkpointer.step,
