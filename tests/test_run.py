@@ -67,3 +67,10 @@ def test_auto_steps_per_execution_picks_a_divisor_of_the_epoch_from_a_probe(tmp_
     assert isinstance(chosen, int) and 44 % chosen == 0
     assert chosen > 1  # a digits step takes milliseconds here: several fit in the 0.5 s target
     assert metrics["step"] == 44 and metrics["resumed_from_step"] == 0  # the probe trained a throwaway copy
+
+
+def test_the_whole_run_with_an_xla_compiled_train_step(tmp_path):
+    # The TPU-readiness proxy: the full train step (model, loss, optimizer, metrics) compiles with XLA on the CPU.
+    metrics = run(recipe(**{"runtime.jit_compile": True}), str(tmp_path))
+    assert metrics["jit_compile"] is True
+    assert metrics["eval"]["accuracy"] > 0.5

@@ -1,8 +1,11 @@
 """Per-hardware choices for speed: the mixed-precision policy and whether the train step is compiled with XLA.
 
-Measured on a 2-core x86 CPU with TF 2.21 (see README): mixed_bfloat16 without XLA is ~5x slower than float32,
-and with XLA it is no faster, so CPUs train in float32 with XLA. TPUs always compile the step and are built for
-bfloat16. Keras' own `jit_compile="auto"` turns XLA off under every tf.distribute strategy, so tpukit decides.
+Measured with `benchmarks/precision_xla.py` on a 2-core x86 CPU (AVX512_BF16, oneDNN on), TF 2.21 / Keras 3.15,
+digits_cnn: float32 without XLA is the fastest; XLA-compiled float32 ran at ~0.3x of it and mixed_bfloat16 at
+~0.55x without XLA and ~0.2x with it (without oneDNN, bf16 without XLA was ~15x slower). So CPUs train in
+float32 without XLA; the tests still compile every model with XLA on the CPU, as the TPU-readiness proxy. TPUs
+always compile the step and are built for bfloat16. Keras' own `jit_compile="auto"` turns XLA off under every
+tf.distribute strategy, including a single GPU, so tpukit decides.
 """
 
 from __future__ import annotations
@@ -32,10 +35,10 @@ def _gpu_compute_capability() -> tuple[int, int] | None:
 def choose_precision(requested: str, kind: str, jit_compile: bool, compute_capability: tuple[int, int] | None = None) -> Decision:
     """The Keras dtype policy name for `requested` ('auto' or a policy) on a strategy `kind`."""
     if requested != "auto":
-        if requested == "mixed_bfloat16" and kind in ("default", "mirrored", "multi_worker") and not jit_compile:
+        if requested == "mixed_bfloat16" and kind == "default":
             logger.warning(
-                "tpukit: mixed_bfloat16 without XLA is ~5x slower than float32 on CPUs (measured); "
-                "set runtime.jit_compile: true or runtime.precision: auto"
+                "tpukit: mixed_bfloat16 on a CPU was 2-15x slower than float32 in our measurements "
+                "(benchmarks/precision_xla.py); runtime.precision: auto picks float32 there"
             )
         return Decision(requested, "set in the recipe")
     if kind == "tpu":
@@ -48,7 +51,7 @@ def choose_precision(requested: str, kind: str, jit_compile: bool, compute_capab
             if tuple(capability) >= (7, 0):
                 return Decision("mixed_float16", f"GPU compute capability {capability} has float16 tensor cores")
             return Decision("float32", f"GPU compute capability {capability} has no fast half precision")
-    return Decision("float32", "on CPU float32 is as fast as bfloat16 with XLA and ~5x faster without (measured)")
+    return Decision("float32", "on this kind of CPU float32 was the fastest (benchmarks/precision_xla.py)")
 
 
 def choose_jit_compile(requested, kind: str, replicas: int) -> Decision:
@@ -65,4 +68,6 @@ def choose_jit_compile(requested, kind: str, replicas: int) -> Decision:
         return Decision(False, "TPUStrategy compiles the whole step with XLA itself")
     if multi_device_mirrored:
         return Decision(False, f"XLA cannot span the {replicas} replicas of a {kind} strategy")
-    return Decision(True, "XLA-compiled train step (Keras' 'auto' would turn it off under a strategy)")
+    if kind == "default":
+        return Decision(False, "on this kind of CPU XLA made the step ~3x slower (benchmarks/precision_xla.py)")
+    return Decision(True, "XLA-compiled train step on the GPU (Keras' 'auto' would turn it off under a strategy)")
