@@ -42,13 +42,48 @@ logger = logging.getLogger("tpukit")
 
 
 def _needs_loop(model) -> bool:
-    """True when Keras' own multi-step function would fail: compiled, graph mode, >1 replica, >1 step per call."""
+    """True when Keras' own train/test function fails (Keras 3.15, TF 2.21): a compiled graph-mode model with
+    more than one Mirrored replica and `steps_per_execution` > 1, or any MultiWorkerMirroredStrategy (there Keras'
+    reduction of the per-replica step outputs fails even at one step per call: "Invalid reduction dimension 0 for
+    input with 0 dimensions"). TPUStrategy keeps Keras' own loop: it is the one Keras users run on TPUs, and this
+    loop was never run on a TPU."""
+    import tensorflow as tf
+
+    if not getattr(model, "compiled", False) or model.run_eagerly:
+        return False
+    strategy = model.distribute_strategy
+    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return True
     return (
-        getattr(model, "compiled", False)
-        and not model.run_eagerly
+        isinstance(strategy, tf.distribute.MirroredStrategy)
+        and strategy.num_replicas_in_sync > 1
         and int(model.steps_per_execution) > 1
-        and model.distribute_strategy.num_replicas_in_sync > 1
     )
+
+
+def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+    """Keras' `_maybe_symbolic_build`, but shaped from one local replica's batch.
+
+    Keras 3.15 (backend/tensorflow/trainer.py, `_maybe_symbolic_build`) averages the first distributed batch with an
+    eager `strategy.reduce("MEAN", ...)` only to learn its shapes; across MultiWorkerMirroredStrategy workers that
+    reduce fails ("Attempt to convert a value (PerReplica...) to a Tensor"). One replica's batch has the same shape.
+    """
+    import tensorflow as tf
+    from keras.src import tree
+
+    if self._distribute_strategy is None:
+        return
+    if iterator is not None:
+        for _, _, it in iterator:
+            batch = next(it)
+            data_batch = tree.map_structure(
+                lambda v: self.distribute_strategy.experimental_local_results(v)[0]
+                if isinstance(v, tf.distribute.DistributedValues) else v,
+                batch,
+            )
+            break
+    with self.distribute_strategy.scope():
+        self._symbolic_build(data_batch=data_batch)
 
 
 def _multi_step_function(model, step_function, stock_function):
@@ -118,7 +153,8 @@ def _make_test_function(self, force=False):
 
 
 def use_multi_step_loop(model) -> bool:
-    """Makes `fit`/`evaluate` with `steps_per_execution` > 1 work on a multi-replica MirroredStrategy.
+    """Makes `fit`/`evaluate` work where Keras 3.15's own functions fail: `steps_per_execution` > 1 on a
+    multi-replica MirroredStrategy, and any MultiWorkerMirroredStrategy (where the symbolic build is replaced too).
 
     Binds replacement `make_train_function`/`make_test_function` onto this model instance (tpukit's models are
     functional `keras.Model`s, not subclasses). They decide on every build, so a later `compile()` with other
@@ -139,6 +175,8 @@ def use_multi_step_loop(model) -> bool:
     if getattr(model.make_train_function, "__func__", None) is not _make_train_function:
         model.make_train_function = types.MethodType(_make_train_function, model)
         model.make_test_function = types.MethodType(_make_test_function, model)
+        if hasattr(model, "_maybe_symbolic_build"):
+            model._maybe_symbolic_build = types.MethodType(_maybe_symbolic_build, model)
     # Functions Keras may have built already would bypass the new methods.
     model.train_function = None
     model.test_function = None

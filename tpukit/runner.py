@@ -239,12 +239,6 @@ def run(
     eval_examples = count_examples(recipe, recipe.data.eval_split) if evaluating else 0
     if mode == "eval" and not evaluating:
         raise RecipeError(f"{recipe.path}: mode eval needs data.eval_split; received null. Fix: set data.eval_split.")
-    if recipe.runtime.steps_per_execution != 1 and kind == "multi_worker" and replicas > 1:
-        # tpukit's multi-step loop (loop.py) is tested on MirroredStrategy only, not across worker processes.
-        raise RecipeError(
-            f"{recipe.path}: runtime.steps_per_execution={recipe.runtime.steps_per_execution} is not supported with "
-            f"MultiWorkerMirroredStrategy over {replicas} replicas yet. Fix: --set runtime.steps_per_execution=1."
-        )
     if recipe.runtime.steps_per_execution != "auto":
         try:
             loop.check_steps_per_execution(recipe.runtime.steps_per_execution, steps_per_epoch)
@@ -281,7 +275,8 @@ def run(
         model = _build_and_compile(recipe, strategy, total_steps, jit.value, steps_per_execution)
     except ValueError as error:  # builder or optimizer arguments that do not fit together
         raise RecipeError(f"{recipe.path}: {error}") from None
-    # Keras 3's own multi-step loop fails on 2+ Mirrored replicas (keras-team/keras#19246); see loop.py.
+    # Keras 3.15's own train function fails with steps_per_execution > 1 on 2+ Mirrored replicas
+    # (keras-team/keras#19246) and on every MultiWorkerMirroredStrategy; see loop.py.
     loop.use_multi_step_loop(model)
     checkpointer = checkpoint_lib.Checkpointer(
         checkpoint_dir, model, model.optimizer, recipe.runtime.max_checkpoints_to_keep,
