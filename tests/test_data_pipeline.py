@@ -113,3 +113,11 @@ def test_batch_that_does_not_divide_names_both_numbers():
     ctx = _contexts(1, 8)[0]
     with pytest.raises(ValueError, match="global batch size 12 does not divide by the 8 replicas"):
         data.training_batches(data.arrays(np.zeros((8, 2)), np.zeros(8)), 12, ctx)
+
+
+def test_eval_weights_are_shaped_like_sequence_labels():
+    # A language model's labels are [T] per example; its per-token loss needs [B, T] weights, padding all zero.
+    tokens = tf.data.Dataset.from_tensor_slices((tf.zeros((5, 3), tf.int32), tf.ones((5, 3), tf.int32)))
+    batches = list(data.eval_batches(tokens, num_examples=5, global_batch_size=4))
+    assert [tuple(w.shape) for _, _, w in batches] == [(4, 3), (4, 3)]
+    assert batches[1][2].numpy().tolist() == [[1.0] * 3] + [[0.0] * 3] * 3

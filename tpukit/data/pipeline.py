@@ -234,7 +234,8 @@ def eval_batches(
     batches = eval_steps(num_examples, batch * replicas_per_pipeline * pipelines, pipelines) * replicas_per_pipeline
 
     def with_weight(weight):
-        return lambda features, label: (features, label, tf.constant(weight, tf.float32))
+        # Shaped like the label, so per-token losses ([B, T] labels of a language model) are weighted too.
+        return lambda features, label: (features, label, tf.fill(tf.shape(label), tf.constant(weight, tf.float32)))
 
     examples = maybe_cache(examples, cache, name="evaluation examples")
     real = examples.map(with_weight(1.0), num_parallel_calls=AUTOTUNE)
