@@ -45,9 +45,6 @@ SMALL = {
         "data.label_shape=[16]", "data.num_examples=16", *TINY_TRANSFORMER,
     ],
 }
-# Language models cannot be evaluated by run() yet: eval_batches gives one weight per example ([B]) while the
-# per-token loss is [B, T], which Keras does not broadcast (see test_language_model_recipes_evaluate).
-LANGUAGE_MODELS = ("textfiles_char_lm", "tiny_shakespeare_char_lm")
 NUM_IMAGE_CLASSES = 10
 # ResNet-50 takes ~30 s a case here (compile and export of 25M parameters, even on 32x32 images);
 # imagenet_resnet50 trains the same model on both strategies in the fast suite.
@@ -138,8 +135,6 @@ def test_trains_two_steps(name, replicas, local_data, mock_tfds, tmp_path):
         *SMALL[name],
         *local_data.get(name, []),
     ]
-    if name in LANGUAGE_MODELS:
-        overrides.append("data.eval_split=null")
     recipe = _load(name, *overrides)
     strategy = mirrored(2) if replicas == 2 else tf.distribute.get_strategy()
     metrics = tpukit.run(recipe, str(tmp_path), strategy=strategy)
@@ -151,11 +146,6 @@ def test_trains_two_steps(name, replicas, local_data, mock_tfds, tmp_path):
     assert os.path.exists(tmp_path / "model.keras")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="run() cannot evaluate language models: eval_batches yields one weight per example ([B]) and Keras "
-    "does not broadcast it to the per-token loss [B, T] (fix: weights shaped like the labels in eval_batches)",
-)
 def test_language_model_recipes_evaluate(local_data, tmp_path):
     recipe = _load(
         "textfiles_char_lm", "train.epochs=1", "train.steps_per_epoch=1", "data.global_batch_size=4",
@@ -181,10 +171,8 @@ def unigram_entropy_nats(labels: np.ndarray) -> float:
 @pytest.mark.slow
 def test_textfiles_char_lm_beats_the_unigram_baseline(tmp_path):
     """Default recipe (the stdlib corpus, 400 steps): held-out loss well below the training split's unigram entropy."""
-    # mode="train": run() cannot evaluate language models yet (see test_language_model_recipes_evaluate), so the
-    # exported model is evaluated here on the held-out windows, without padding weights.
     recipe = _load("textfiles_char_lm", "runtime.verbose=0")
-    tpukit.run(recipe, str(tmp_path), strategy=tf.distribute.get_strategy(), mode="train")
+    metrics = tpukit.run(recipe, str(tmp_path), strategy=tf.distribute.get_strategy())
     options = recipe.data.options
     train_labels = np.stack([y for _, y in data.text_files("train", **options).as_numpy_iterator()])
     baseline = unigram_entropy_nats(train_labels)
@@ -194,3 +182,5 @@ def test_textfiles_char_lm_beats_the_unigram_baseline(tmp_path):
     print(f"textfiles_char_lm: held-out loss {held_out:.4f} nats, unigram entropy {baseline:.4f} nats")
     assert 2.5 < baseline < 4.0  # source code: ~3.1 nats per byte
     assert held_out < baseline - 0.5, (held_out, baseline)
+    # run()'s own evaluation (per-token weights, padding excluded) agrees with a plain Keras evaluation.
+    assert abs(metrics["eval"]["loss"] - held_out) < 1e-3
