@@ -59,7 +59,9 @@ def test_training_and_eval_batches_have_static_shapes(source, policy, source_opt
                 assert features.dtype == tf.as_dtype(keras.mixed_precision.global_policy().compute_dtype)
         # The run's eval dataset repeats its padded pass (for Keras' validation); one pass is eval_steps batches.
         steps = data.eval_steps(eval_examples, recipe.data.global_batch_size)
-        weights = [float(tf.reduce_sum(w)) for _, _, w in eval_fn(None).take(2 * steps)]
+        # Weights are shaped like the labels (one per token for language models): an example counts once.
+        per_example = (tf.reshape(w, (w.shape[0], -1)) for _, _, w in eval_fn(None).take(2 * steps))
+        weights = [float(tf.reduce_sum(tf.reduce_max(w, axis=1))) for w in per_example]
     assert sum(weights[:steps]) == eval_examples
     assert weights[steps:] == weights[:steps]  # the second pass is the same pass again
 
