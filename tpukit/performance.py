@@ -1,8 +1,8 @@
 """Per-hardware choices for speed: the mixed-precision policy and whether the train step is compiled with XLA.
 
 Measured with `benchmarks/precision_xla.py` on a 2-core x86 CPU (AVX512_BF16, oneDNN on), TF 2.21 / Keras 3.15,
-digits_cnn: float32 without XLA is the fastest; XLA-compiled float32 ran at ~0.3x of it and mixed_bfloat16 at
-~0.55x without XLA and ~0.2x with it (without oneDNN, bf16 without XLA was ~15x slower). So CPUs train in
+digits_cnn: float32 without XLA is the fastest; XLA-compiled float32 ran at 0.3-0.6x of it and mixed_bfloat16 at
+~0.5x with or without XLA (without oneDNN, bf16 without XLA was ~15x slower). So CPUs train in
 float32 without XLA; the tests still compile every model with XLA on the CPU, as the TPU-readiness proxy. TPUs
 always compile the step and are built for bfloat16. Keras' own `jit_compile="auto"` turns XLA off under every
 tf.distribute strategy, including a single GPU, so tpukit decides.
@@ -69,5 +69,5 @@ def choose_jit_compile(requested, kind: str, replicas: int) -> Decision:
     if multi_device_mirrored:
         return Decision(False, f"XLA cannot span the {replicas} replicas of a {kind} strategy")
     if kind == "default":
-        return Decision(False, "on this kind of CPU XLA made the step ~3x slower (benchmarks/precision_xla.py)")
+        return Decision(False, "on this kind of CPU XLA made the step 2-3x slower (benchmarks/precision_xla.py)")
     return Decision(True, "XLA-compiled train step on the GPU (Keras' 'auto' would turn it off under a strategy)")
