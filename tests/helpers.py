@@ -1,6 +1,8 @@
 """Shared test helpers: running the CLI in a subprocess and building small recipes."""
 
+import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -30,3 +32,36 @@ def digits_recipe(**overrides):
         section, key = dotted.split("__") if "__" in dotted else dotted.split(".")
         raw[section][key] = value
     return raw
+
+
+def free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def start_workers(log_dir, args_for, count: int = 2, timeout: int = 300) -> list[int]:
+    """Runs `args_for(index)` as `count` MultiWorkerMirroredStrategy workers on 127.0.0.1 (TF_CONFIG each) and
+    returns their exit codes; each worker's output goes to `log_dir/worker{index}.log`. Bounded by `timeout`."""
+    workers = [f"127.0.0.1:{port}" for port in free_ports(count)]
+    processes = []
+    for index in range(count):
+        tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
+        env = dict(os.environ, TF_CONFIG=json.dumps(tf_config), TF_CPP_MIN_LOG_LEVEL="2", KERAS_BACKEND="tensorflow",
+                   CUDA_VISIBLE_DEVICES="")
+        log = open(os.path.join(log_dir, f"worker{index}.log"), "w")
+        processes.append((subprocess.Popen(args_for(index), env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO), log))
+    try:
+        for process, _ in processes:
+            process.wait(timeout=timeout)
+    finally:
+        for process, log in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+            log.close()
+    return [process.returncode for process, _ in processes]

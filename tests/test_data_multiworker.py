@@ -1,11 +1,10 @@
 """Two real MultiWorkerMirroredStrategy workers on 127.0.0.1 read disjoint shards that together hold every id."""
 
 import json
-import os
-import socket
-import subprocess
 import sys
 import textwrap
+
+from helpers import start_workers
 
 NUM_IDS = 50
 
@@ -42,39 +41,12 @@ WORKER = textwrap.dedent(
 )
 
 
-def _free_ports(count):
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
 def test_two_workers_read_disjoint_shards_covering_every_id(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(WORKER.format(num_ids=NUM_IDS))
-    workers = [f"127.0.0.1:{port}" for port in _free_ports(2)]
-    processes = []
-    for index in range(2):
-        tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
-        env = dict(os.environ, TF_CONFIG=json.dumps(tf_config), TF_CPP_MIN_LOG_LEVEL="2", KERAS_BACKEND="tensorflow",
-                   CUDA_VISIBLE_DEVICES="")
-        log = open(tmp_path / f"worker{index}.log", "w")
-        processes.append((subprocess.Popen([sys.executable, str(script), str(tmp_path / f"seen{index}.json")],
-                                           env=env, stdout=log, stderr=subprocess.STDOUT), log))
-    try:
-        for process, _ in processes:
-            process.wait(timeout=150)
-    finally:
-        for process, log in processes:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-            log.close()
-    for index, (process, _) in enumerate(processes):
-        assert process.returncode == 0, (tmp_path / f"worker{index}.log").read_text()[-3000:]
+    codes = start_workers(tmp_path, lambda i: [sys.executable, str(script), str(tmp_path / f"seen{i}.json")], timeout=150)
+    for index, code in enumerate(codes):
+        assert code == 0, (tmp_path / f"worker{index}.log").read_text()[-3000:]
     seen = [json.loads((tmp_path / f"seen{i}.json").read_text()) for i in range(2)]
     assert [s["replicas"] for s in seen] == [2, 2]
     eval_ids = [set(s["eval"]) for s in seen]

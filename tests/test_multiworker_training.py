@@ -10,8 +10,7 @@ import subprocess
 import sys
 import textwrap
 
-from helpers import REPO
-from test_data_multiworker import _free_ports
+from helpers import start_workers
 
 WORKER = textwrap.dedent(
     """
@@ -45,26 +44,6 @@ WORKER = textwrap.dedent(
         json.dump({"loss": history.history["loss"], "step": int(model.optimizer.iterations.numpy()), "loop": used}, f)
     """
 )
-
-
-def start_workers(tmp_path, args_for, count=2):
-    workers = [f"127.0.0.1:{port}" for port in _free_ports(count)]
-    processes = []
-    for index in range(count):
-        tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
-        env = dict(os.environ, TF_CONFIG=json.dumps(tf_config), TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
-        log = open(tmp_path / f"worker{index}.log", "w")
-        processes.append((subprocess.Popen(args_for(index), env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO), log))
-    try:
-        for process, _ in processes:
-            process.wait(timeout=300)
-    finally:
-        for process, log in processes:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-            log.close()
-    return [process.returncode for process, _ in processes]
 
 
 def test_two_workers_train_with_the_single_device_losses(tmp_path):
