@@ -140,3 +140,9 @@ def test_early_stopping_and_best_model_export(tmp_path):
     assert metrics["status"] == "early_stopped"
     assert metrics["step"] == 2 * 44
     assert os.path.isfile(os.path.join(tmp_path, "best.keras"))
+
+
+def test_profile_steps_records_a_profiler_trace(tmp_path):
+    run(recipe(**{"train.epochs": 1, "runtime.profile_steps": [3, 5]}), str(tmp_path))
+    traces = tf.io.gfile.glob(os.path.join(tmp_path, "logs", "train", "plugins", "profile", "*", "*.xplane.pb"))
+    assert len(traces) == 1

@@ -70,5 +70,5 @@ class Checkpointer:
 
     def save(self) -> str:
         path = self.manager.save(checkpoint_number=self.step, options=self.options)
-        logger.info("tpukit: saved checkpoint %s", path)
+        logger.debug("tpukit: saved checkpoint %s", path)
         return path

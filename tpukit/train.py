@@ -31,9 +31,13 @@ def main(argv: list[str]) -> int:
     if len(argv) != 2:
         print("usage: python -m tpukit.train RECIPE [--set section.key=value ...] [--output_dir DIR]", file=sys.stderr)
         return 2
+    from absl import logging as absl_logging
+
     from tpukit.logs import enable_logging
     from tpukit.recipe import RecipeError, load_recipe
 
+    # absl's app.run shows TensorFlow's Python INFO lines (one per checkpoint write); tpukit's own lines stay.
+    absl_logging.set_verbosity(absl_logging.WARNING)
     enable_logging()
     overrides = list(FLAGS.set)
     if FLAGS.tpu:
