@@ -63,17 +63,21 @@ def test_two_workers_train_with_the_single_device_losses(tmp_path):
 
 
 def test_the_cli_trains_a_recipe_on_a_two_worker_cluster(tmp_path):
+    output_dir = tmp_path / "run"  # one directory for both workers, as on a shared file system
+
     def args(index):
-        return [sys.executable, "-m", "tpukit.train", "recipes/digits_cnn.yaml", "--output_dir", str(tmp_path / f"w{index}"),
+        return [sys.executable, "-m", "tpukit.train", "recipes/digits_cnn.yaml", "--output_dir", str(output_dir),
                 "--set", "train.epochs=1", "--set", "data.global_batch_size=32", "--set", "runtime.steps_per_execution=2"]
 
     codes = start_workers(tmp_path, args)
     logs = [(tmp_path / f"worker{i}.log").read_text() for i in range(2)]
     assert codes == [0, 0], logs[0][-3000:]
-    metrics = [json.loads((tmp_path / f"w{i}" / "metrics.json").read_text()) for i in range(2)]
+    # The chief writes OUTPUT_DIR; the other worker takes part in every save under OUTPUT_DIR/worker1.
+    metrics = [json.loads(path.read_text()) for path in (output_dir / "metrics.json", output_dir / "worker1" / "metrics.json")]
     assert [m["strategy"] for m in metrics] == ["CollectiveAllReduceStrategy"] * 2  # MultiWorkerMirroredStrategy
     assert [m["replicas"] for m in metrics] == [2, 2]
     assert metrics[0]["step"] == metrics[1]["step"] == 1437 // 32
     assert metrics[0]["eval"] == metrics[1]["eval"]  # one model, evaluated over both workers' shards
     assert metrics[0]["eval_examples"] == 360 and metrics[0]["eval"]["accuracy"] > 0.5
     assert "TF_CONFIG describes a cluster of 2 worker(s)" in logs[0]
+    assert "not the chief" in logs[1] and "not the chief" not in logs[0]

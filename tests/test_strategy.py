@@ -180,3 +180,21 @@ def test_describe_a_two_replica_strategy(strategy_2):
     line = strategy_lib.describe(strategy_2, "test reason")
     assert "MirroredStrategy (mirrored) with 2 replica(s)" in line
     assert "CPU:0" in line and "CPU:1" in line and "because test reason" in line
+
+
+@pytest.mark.parametrize(
+    "cluster, task_type, task_id, expected",
+    [
+        ({"worker": ["a:1", "b:2"]}, "worker", 0, None),  # worker 0 is the chief when there is none
+        ({"worker": ["a:1", "b:2"]}, "worker", 1, "worker1"),
+        ({"chief": ["c:0"], "worker": ["a:1"]}, "chief", 0, None),
+        ({"chief": ["c:0"], "worker": ["a:1"]}, "worker", 0, "worker0"),
+    ],
+)
+def test_non_chief_workers_write_to_their_own_subdirectory(cluster, task_type, task_id, expected):
+    resolver = mock.Mock(task_type=task_type, task_id=task_id)
+    resolver.cluster_spec.return_value.as_dict.return_value = cluster
+    fake = mock.Mock(cluster_resolver=resolver)
+    with mock.patch.object(strategy_lib, "kind_of", return_value="multi_worker"):
+        assert strategy_lib.worker_subdir(fake) == expected
+    assert strategy_lib.worker_subdir(tf.distribute.get_strategy()) is None

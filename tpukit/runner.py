@@ -228,11 +228,15 @@ def run(
     from tpukit import checkpoint as checkpoint_lib
     from tpukit import data, flops, loop, performance, trainer
     from tpukit.export import export_model, io_device_for
-    from tpukit.strategy import connect, kind_of, num_input_pipelines
+    from tpukit.strategy import connect, kind_of, num_input_pipelines, worker_subdir
 
     if strategy is None:
         strategy = connect(recipe.runtime.tpu)
     kind, replicas = kind_of(strategy), strategy.num_replicas_in_sync
+    subdir = worker_subdir(strategy)
+    if subdir:
+        output_dir = os.path.join(output_dir, subdir)
+        logger.info("tpukit: this is multi-worker task %s (not the chief): its outputs go to %s", subdir, output_dir)
     train_examples = count_examples(recipe, recipe.data.train_split)
     steps_per_epoch = check_batch_sizes(recipe, replicas, train_examples)
     evaluating = mode != "train" and recipe.data.eval_split is not None

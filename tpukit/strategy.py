@@ -222,6 +222,20 @@ def num_input_pipelines(strategy) -> int:
     return 1
 
 
+def worker_subdir(strategy) -> str | None:
+    """None on the chief (and on single-host strategies); `worker<N>` on the other multi-worker tasks.
+
+    Every MultiWorkerMirroredStrategy worker must take part in checkpoint saves, so the non-chief ones write
+    beside the chief's files rather than over them (as TensorFlow's multi-worker Keras guide recommends).
+    """
+    if kind_of(strategy) != "multi_worker":
+        return None
+    resolver = strategy.cluster_resolver
+    has_chief = bool(resolver.cluster_spec().as_dict().get("chief"))
+    chief = resolver.task_type == "chief" or (not has_chief and resolver.task_type == "worker" and resolver.task_id == 0)
+    return None if chief else f"{resolver.task_type}{resolver.task_id}"
+
+
 def describe(strategy, reason: str = "") -> str:
     """One line: the strategy class, replicas, devices, why it was chosen, and the TF/Keras versions."""
     import keras
