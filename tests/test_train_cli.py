@@ -59,6 +59,9 @@ def test_rerunning_the_same_command_resumes_instead_of_starting_over(trained):
         (["--set", "train.epoch=3"], "unknown key train.epoch (received 3). Did you mean 'epochs'?"),
         (["--set", "train.epochs=many"], "train.epochs must be an integer; received 'many' (str)"),
         (["--set", "data.global_batch_size=5000"], "data.global_batch_size=5000 is larger than the 1437 examples"),
+        (["--set", "data.eval_split=validation"], "data: digits: unknown split 'validation'; valid splits: train, test"),
+        (["--mode", "train", "--set", "train.early_stopping_patience=2"], "'val_loss' (train.early_stopping_metric"),
+        (["--mode", "eval", "--checkpoint", "/nonexistent/ckpt-3"], "--checkpoint '/nonexistent/ckpt-3': no such checkpoint"),
     ],
 )
 def test_bad_input_exits_2_with_a_message_and_leaves_outputs_intact(trained, args, expected):
@@ -76,3 +79,10 @@ def test_missing_recipe_file_exits_2(tmp_path):
     assert result.returncode == 2
     assert "recipe 'recipes/nope.yaml' not found" in result.stderr and "Traceback" not in result.stderr
     assert not os.path.exists(tmp_path / "out")
+
+
+def test_rerunning_a_finished_run_keeps_its_training_measurements(trained):
+    output_dir, _ = trained
+    with open(os.path.join(output_dir, "metrics.json")) as f:
+        metrics = json.load(f)
+    assert metrics["examples_per_second"] > 0 and metrics["train"]["loss"] > 0  # from the first, training run

@@ -12,7 +12,7 @@ import tensorflow as tf
 from helpers import digits_recipe, run_cli
 
 import tpukit  # noqa: F401  (registers tpukit classes for load_model)
-from tpukit.recipe import from_dict
+from tpukit.recipe import RecipeError, from_dict
 from tpukit.runner import run
 from tpukit.trainer import TrainingDivergedError
 
@@ -45,6 +45,7 @@ def test_sigterm_mid_epoch_saves_and_the_rerun_matches_an_uninterrupted_run(tmp_
     first = run_cli("recipes/digits_cnn.yaml", "--output_dir", interrupted, *SIGTERM_ARGS, env=env)
     assert first.returncode == 143, first.stderr[-2000:]
     assert "stopped by SIGTERM at step 30" in first.stdout and "Traceback" not in first.stderr
+    assert "val_accuracy" not in first.stdout  # no validation pass between the signal and the exit
     with open(os.path.join(interrupted, "metrics.json")) as f:
         assert json.load(f)["status"] == "preempted"
     assert tf.train.latest_checkpoint(os.path.join(interrupted, "checkpoints")).endswith("ckpt-30")
@@ -146,3 +147,13 @@ def test_profile_steps_records_a_profiler_trace(tmp_path):
     run(recipe(**{"train.epochs": 1, "runtime.profile_steps": [3, 5]}), str(tmp_path))
     traces = tf.io.gfile.glob(os.path.join(tmp_path, "logs", "train", "plugins", "profile", "*", "*.xplane.pb"))
     assert len(traces) == 1
+
+
+def test_resuming_mid_epoch_with_a_steps_per_execution_that_does_not_fit_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("TPUKIT_TEST_SIGTERM_AT_STEP", "5")
+    assert run(recipe(), str(tmp_path))["status"] == "preempted"
+    monkeypatch.delenv("TPUKIT_TEST_SIGTERM_AT_STEP")
+    with pytest.raises(RecipeError) as info:
+        run(recipe(**{"runtime.steps_per_execution": 2}), str(tmp_path))
+    assert "does not divide the 39 steps left in the epoch this run resumes at (step 5)" in str(info.value)
+    assert "one of 1." in str(info.value)

@@ -31,10 +31,21 @@ class Throughput(keras.callbacks.Callback):
         self._seconds = 0.0
         self._start = None
         self._first = None  # (time, step) after the first execution of this segment
+        self._validating_since = None
+        self._validation_seconds = 0.0  # validation inside this segment: not training time
 
     def on_train_begin(self, logs=None):
         self._start = time.perf_counter()
         self._first = None
+        self._validation_seconds = 0.0
+
+    def on_test_begin(self, logs=None):
+        self._validating_since = time.perf_counter()
+
+    def on_test_end(self, logs=None):
+        if self._validating_since is not None and self._first is not None:
+            self._validation_seconds += time.perf_counter() - self._validating_since
+        self._validating_since = None
 
     def on_train_batch_end(self, batch, logs=None):
         if self._first is None:
@@ -47,7 +58,8 @@ class Throughput(keras.callbacks.Callback):
         """(steps, seconds) since this segment's first execution."""
         if self._first is None:
             return 0, 0.0
-        return _step(self.model) - self._first[1], time.perf_counter() - self._first[0]
+        seconds = time.perf_counter() - self._first[0] - self._validation_seconds
+        return _step(self.model) - self._first[1], seconds
 
     def on_train_end(self, logs=None):
         steps, seconds = self.rate_since_first()
@@ -68,6 +80,8 @@ class TrainingScalars(keras.callbacks.Callback):
         self.throughput = throughput
         self._writer = None
         self._last = None  # (time, step) at the previous epoch end
+        self._validating_since = None
+        self._validation_seconds = 0.0
 
     def on_train_begin(self, logs=None):
         import tensorflow as tf
@@ -75,6 +89,15 @@ class TrainingScalars(keras.callbacks.Callback):
         if self._writer is None:
             self._writer = tf.summary.create_file_writer(self.log_dir)
         self._last = (time.perf_counter(), _step(self.model))
+        self._validation_seconds = 0.0
+
+    def on_test_begin(self, logs=None):
+        self._validating_since = time.perf_counter()
+
+    def on_test_end(self, logs=None):
+        if self._validating_since is not None:
+            self._validation_seconds += time.perf_counter() - self._validating_since
+        self._validating_since = None
 
     def _learning_rate(self, step: int) -> float:
         rate = self.model.optimizer.learning_rate
@@ -86,9 +109,11 @@ class TrainingScalars(keras.callbacks.Callback):
         now, step = time.perf_counter(), _step(self.model)
         with self._writer.as_default(step=step):
             tf.summary.scalar("learning_rate", self._learning_rate(step))
-            steps, seconds = step - self._last[1], now - self._last[0]
+            # on_epoch_end comes after the epoch's validation: its time is not training time.
+            steps, seconds = step - self._last[1], now - self._last[0] - self._validation_seconds
             if steps > 0 and seconds > 0:
                 tf.summary.scalar("steps_per_second", steps / seconds)
                 tf.summary.scalar("examples_per_second", steps * self.throughput.global_batch_size / seconds)
         self._writer.flush()
         self._last = (now, step)
+        self._validation_seconds = 0.0

@@ -120,7 +120,12 @@ def _build_and_compile(recipe: Recipe, strategy, total_steps: int, jit_compile: 
             optimizer=optimizer,
             # Mean over the real examples only: eval batches carry zero-weight padding (see data.eval_batches).
             loss=build_loss(recipe.train),
-            weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
+            # Weighted means over the real examples, exact on any number of replicas. Keras' own `loss` weights each
+            # replica's batch by its size, so padded eval batches pull it down slightly on multi-replica runs.
+            weighted_metrics=[
+                keras.metrics.SparseCategoricalAccuracy(name="accuracy"),
+                keras.metrics.SparseCategoricalCrossentropy(from_logits=True, name="cross_entropy"),
+            ],
             jit_compile=jit_compile,
             steps_per_execution=steps_per_execution,
         )
@@ -168,15 +173,27 @@ def _verbose(setting) -> int:
     return setting
 
 
-def _callbacks(recipe: Recipe, output_dir: str, throughput):
+def _callbacks(recipe: Recipe, output_dir: str, throughput, steps_per_execution: int, remote_io: bool):
     import keras
 
     from tpukit import callbacks
 
-    log_dir = os.path.join(output_dir, "logs")
-    profile = tuple(recipe.runtime.profile_steps) if recipe.runtime.profile_steps else 0
-    result = [throughput, callbacks.TrainingScalars(log_dir, throughput)]
-    result.append(keras.callbacks.TensorBoard(log_dir, profile_batch=profile))
+    result = [throughput]
+    if remote_io:
+        # Summary writers are eager ops on the remote TPU host, which cannot reach this machine's disk.
+        logger.warning(
+            "tpukit: remote TPU with a local output dir: TensorBoard logs are off (checkpoints and exports are "
+            "routed through /job:localhost). Fix: use a gs:// --output_dir to get TensorBoard logs."
+        )
+    else:
+        log_dir = os.path.join(output_dir, "logs")
+        profile = 0
+        if recipe.runtime.profile_steps:
+            # Keras' TensorBoard counts host calls (each runs steps_per_execution optimizer steps).
+            first, last = recipe.runtime.profile_steps
+            profile = (math.ceil(first / steps_per_execution), math.ceil(last / steps_per_execution))
+        result.append(callbacks.TrainingScalars(log_dir, throughput))
+        result.append(keras.callbacks.TensorBoard(log_dir, profile_batch=profile))
     if recipe.train.early_stopping_patience is not None:
         result.append(
             keras.callbacks.EarlyStopping(
@@ -231,16 +248,30 @@ def run(
     from tpukit.strategy import connect, kind_of, num_input_pipelines, worker_subdir
 
     if strategy is None:
-        strategy = connect(recipe.runtime.tpu)
+        try:
+            strategy = connect(recipe.runtime.tpu)
+        except ValueError as error:  # a malformed $TF_CONFIG
+            raise RecipeError(str(error)) from None
     kind, replicas = kind_of(strategy), strategy.num_replicas_in_sync
     subdir = worker_subdir(strategy)
     if subdir:
         output_dir = os.path.join(output_dir, subdir)
         logger.info("tpukit: this is multi-worker task %s (not the chief): its outputs go to %s", subdir, output_dir)
-    train_examples = count_examples(recipe, recipe.data.train_split)
-    steps_per_epoch = check_batch_sizes(recipe, replicas, train_examples)
     evaluating = mode != "train" and recipe.data.eval_split is not None
-    eval_examples = count_examples(recipe, recipe.data.eval_split) if evaluating else 0
+    try:
+        train_examples = count_examples(recipe, recipe.data.train_split)
+        eval_examples = count_examples(recipe, recipe.data.eval_split) if evaluating else 0
+    except ValueError as error:  # the source rejects a split or an argument (its message names it)
+        raise RecipeError(f"{recipe.path}: data: {error}") from None
+    steps_per_epoch = check_batch_sizes(recipe, replicas, train_examples)
+    for key in filter(None, (recipe.train.early_stopping_metric if recipe.train.early_stopping_patience is not None else None,
+                             recipe.train.export_best_by)):
+        if key.startswith("val_") and not evaluating:
+            raise RecipeError(
+                f"{recipe.path}: {key!r} (train.early_stopping_metric / train.export_best_by) is a validation metric, "
+                f"but mode {mode!r} with data.eval_split={recipe.data.eval_split!r} never validates. Fix: use mode "
+                "train_and_eval with an eval_split, or a training metric such as 'loss'."
+            )
     if mode == "eval" and not evaluating:
         raise RecipeError(f"{recipe.path}: mode eval needs data.eval_split; received null. Fix: set data.eval_split.")
     if recipe.runtime.steps_per_execution != "auto":
@@ -266,14 +297,25 @@ def run(
     train_fn, eval_fn = _input_fns(recipe, eval_examples)
 
     def train_dataset(step):
-        return data.distribute(strategy, lambda ctx: train_fn(ctx, skip_steps=step))
+        # Exact replay (deterministic order) re-reads every batch before `step`; otherwise only the interrupted
+        # epoch's share is skipped, so a resume late in a long run does not re-decode all it has seen.
+        skip = step if recipe.data.deterministic else step % steps_per_epoch
+        return data.distribute(strategy, lambda ctx: train_fn(ctx, skip_steps=skip))
 
     steps_per_execution = recipe.runtime.steps_per_execution
+    if steps_per_execution == "auto" and kind == "multi_worker":
+        raise RecipeError(
+            f"{recipe.path}: runtime.steps_per_execution=auto is not supported on a multi-worker cluster (each worker "
+            "would time its own steps and could pick a different value). Fix: --set runtime.steps_per_execution=N."
+        )
     if steps_per_execution == "auto":
         # Before seeding, so the model trained below is initialized exactly as with a fixed value.
         latest = tf.train.latest_checkpoint(checkpoint_dir) if mode != "eval" else None
         start = int(latest.rsplit("-", 1)[1]) if latest else 0  # tpukit numbers checkpoints by step
-        steps_per_execution = _probe_steps_per_execution(recipe, strategy, train_dataset, steps_per_epoch, jit.value, start)
+        try:
+            steps_per_execution = _probe_steps_per_execution(recipe, strategy, train_dataset, steps_per_epoch, jit.value, start)
+        except ValueError as error:  # builder or optimizer arguments that do not fit together
+            raise RecipeError(f"{recipe.path}: {error}") from None
     keras.utils.set_random_seed(recipe.train.seed)
     try:
         model = _build_and_compile(recipe, strategy, total_steps, jit.value, steps_per_execution)
@@ -286,11 +328,24 @@ def run(
         checkpoint_dir, model, model.optimizer, recipe.runtime.max_checkpoints_to_keep,
         options=checkpoint_lib.io_options(strategy, output_dir),
     )
+    if checkpoint and not tf.io.gfile.exists(checkpoint + ".index"):
+        raise RecipeError(
+            f"--checkpoint {checkpoint!r}: no such checkpoint (expected {checkpoint}.index). Fix: pass a path like "
+            f"{os.path.join(checkpoint_dir, 'ckpt-1000')}, without the .index/.data suffix."
+        )
     with strategy.scope():
         try:
             start_step = checkpointer.restore(checkpoint if mode == "eval" else None)
         except checkpoint_lib.CheckpointMismatchError as error:
             raise RecipeError(str(error)) from None
+    left = steps_per_epoch - start_step % steps_per_epoch
+    if mode != "eval" and start_step < total_steps and left % steps_per_execution:
+        valid = [d for d in range(1, left + 1) if left % d == 0 and steps_per_epoch % d == 0]
+        raise RecipeError(
+            f"{recipe.path}: runtime.steps_per_execution={steps_per_execution} does not divide the {left} steps left in "
+            f"the epoch this run resumes at (step {start_step}), so the run would overshoot its epochs. Fix: --set "
+            f"runtime.steps_per_execution=N with N one of {', '.join(map(str, valid))}."
+        )
     if mode == "eval" and not checkpointer.manager.latest_checkpoint and not checkpoint:
         raise RecipeError(
             f"mode eval: no checkpoint in {checkpoint_dir}. Fix: train first, or pass the checkpoint path."
@@ -323,7 +378,8 @@ def run(
             checkpointer=checkpointer,
             steps_per_epoch=steps_per_epoch,
             epochs=recipe.train.epochs,
-            callbacks=_callbacks(recipe, output_dir, throughput) + list(callbacks or []),
+            callbacks=_callbacks(recipe, output_dir, throughput, steps_per_execution, bool(io_device_for(strategy, output_dir)))
+            + list(callbacks or []),
             checkpoint_every_steps=recipe.runtime.checkpoint_every_steps,
             max_nan_retries=recipe.train.max_nan_retries,
             validation_data=eval_dataset if evaluating else None,
@@ -370,6 +426,14 @@ def run(
         "exported": exported,
     }
     name = "eval_metrics.json" if mode == "eval" else "metrics.json"
-    with open(os.path.join(output_dir, name), "w", encoding="utf-8") as f:
+    previous_path = os.path.join(output_dir, name)
+    if mode != "eval" and checkpointer.step == start_step and os.path.isfile(previous_path):
+        # Nothing was trained in this call (the run was complete): keep what the training run measured.
+        with open(previous_path, encoding="utf-8") as f:
+            previous = json.load(f)
+        for key in ("train", "validation", "examples_per_second", "steps_per_second", "time_to_first_step_seconds", "mfu"):
+            if not metrics[key] and previous.get(key):
+                metrics[key] = previous[key]
+    with open(previous_path, "w", encoding="utf-8") as f:
         json.dump(metrics, f, indent=2)
     return metrics

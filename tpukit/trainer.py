@@ -123,6 +123,7 @@ def fit_with_recovery(
     total = steps_per_epoch * epochs
     history: dict[str, list[float]] = {}
     rollbacks = 0
+    keras_should_eval = type(model)._should_eval
     while checkpointer.step < total:
         step = checkpointer.step
         epoch, offset = divmod(step, steps_per_epoch)
@@ -132,16 +133,24 @@ def fit_with_recovery(
         else:
             span = {"initial_epoch": epoch, "epochs": epochs, "steps_per_epoch": steps_per_epoch}
         guard = TrainingGuard(checkpointer, checkpoint_every_steps)
-        result = model.fit(
-            make_dataset(step),
-            callbacks=[guard, *callbacks],
-            validation_data=validation_data() if validation_data else None,
-            validation_steps=validation_steps,
-            validation_freq=validation_freq,
-            shuffle=False,  # the pipeline shuffles; Keras cannot shuffle a dataset
-            verbose=verbose,
-            **span,
+        # After a SIGTERM or a NaN, Keras would still run the epoch's validation before fit returns: on a
+        # preemptible VM that can outlast the notice, and on NaN weights it is wasted and pollutes the logs.
+        model._should_eval = lambda epoch, freq, guard=guard: (
+            not guard.preempted and guard.diverged_at is None and keras_should_eval(model, epoch, freq)
         )
+        try:
+            result = model.fit(
+                make_dataset(step),
+                callbacks=[guard, *callbacks],
+                validation_data=validation_data() if validation_data else None,
+                validation_steps=validation_steps,
+                validation_freq=validation_freq,
+                shuffle=False,  # the pipeline shuffles; Keras cannot shuffle a dataset
+                verbose=verbose,
+                **span,
+            )
+        finally:
+            del model._should_eval  # back to Keras' method
         for key, values in result.history.items():
             history.setdefault(key, []).extend(float(v) for v in values)
         if guard.diverged_at is not None:
