@@ -68,6 +68,11 @@ def _gpu_count() -> int:
     return len(tf.config.list_physical_devices("GPU"))
 
 
+def training_tasks(cluster: dict) -> int:
+    """Tasks that train in a TF_CONFIG-style cluster mapping: its workers plus its chief (not evaluators or ps)."""
+    return len(cluster.get("worker", [])) + len(cluster.get("chief", []))
+
+
 def _tf_config_cluster(env: dict[str, str]) -> dict | None:
     text = env.get("TF_CONFIG")
     if not text:
@@ -79,9 +84,7 @@ def _tf_config_cluster(env: dict[str, str]) -> dict | None:
             f"TF_CONFIG is not valid JSON ({error}); received {text[:200]!r}. Fix: set TF_CONFIG to JSON like "
             '{"cluster": {"worker": ["host1:port", "host2:port"]}, "task": {"type": "worker", "index": 0}}.'
         ) from None
-    cluster = config.get("cluster") or {}
-    workers = len(cluster.get("worker", [])) + len(cluster.get("chief", []))
-    return config if workers >= 1 and config.get("task") else None
+    return config if training_tasks(config.get("cluster") or {}) >= 1 and config.get("task") else None
 
 
 def choose(tpu: str | None = None, env: dict[str, str] | None = None, tpu_vm: bool | None = None, gpus: int | None = None) -> Choice:
@@ -100,8 +103,7 @@ def choose(tpu: str | None = None, env: dict[str, str] | None = None, tpu_vm: bo
         return Choice("tpu", "this machine is a TPU VM (TPU device files / $TPU_ACCELERATOR_TYPE)", tpu="local")
     cluster = _tf_config_cluster(env)
     if cluster is not None:
-        size = sum(len(v) for k, v in cluster["cluster"].items() if k in ("worker", "chief"))
-        return Choice("multi_worker", f"$TF_CONFIG describes a cluster of {size} worker(s)")
+        return Choice("multi_worker", f"$TF_CONFIG describes a cluster of {training_tasks(cluster['cluster'])} worker(s)")
     gpus = _gpu_count() if gpus is None else gpus
     if gpus > 1:
         return Choice("mirrored", f"{gpus} GPUs found")
@@ -217,8 +219,7 @@ def num_input_pipelines(strategy) -> int:
     if kind == "tpu":
         return int(strategy.extended.num_hosts)
     if kind == "multi_worker":
-        spec = strategy.cluster_resolver.cluster_spec().as_dict()
-        return max(1, len(spec.get("worker", [])) + len(spec.get("chief", [])))
+        return max(1, training_tasks(strategy.cluster_resolver.cluster_spec().as_dict()))
     return 1
 
 
