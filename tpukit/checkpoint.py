@@ -23,12 +23,11 @@ def rng_variables(model) -> list:
     return [v for v in model.non_trainable_variables if "seed_generator" in v.path]
 
 
-def io_options(strategy, directory: str) -> tf.train.CheckpointOptions | None:
-    """On a remote TPU (TPU Node, grpc:// workers) file ops run on the TPU host, which cannot see this machine's
-    disk ("File system scheme '[local]' not implemented"): route them through the local job unless it is gs://."""
-    from tpukit.export import io_device_for
+def io_options(device: str | None) -> tf.train.CheckpointOptions | None:
+    """Checkpoint options for `export.io_device_for(strategy, directory)`'s answer.
 
-    device = io_device_for(strategy, directory)
+    On a remote TPU (TPU Node, grpc:// workers) file ops run on the TPU host, which cannot see this machine's
+    disk ("File system scheme '[local]' not implemented"): they go through the local job unless it is gs://."""
     if device is None:
         return None
     logger.info("tpukit: remote TPU and a local output dir: checkpoint and export I/O go through %s", device)
@@ -65,8 +64,6 @@ class Checkpointer:
             ) from None
         logger.info("tpukit: restored %s at step %d", path, self.step)
         return self.step
-
-    restore_latest = restore
 
     def save(self) -> str:
         path = self.manager.save(checkpoint_number=self.step, options=self.options)

@@ -24,7 +24,7 @@ SERVING_ENDPOINT = "serve"  # the name `keras.Model.export` gives it too (keras.
 def io_device_for(strategy, directory: str | None = None) -> str | None:
     """"/job:localhost" for a TPUStrategy on a remote TPU Node (grpc:// master), else None (local IO works).
 
-    The same rule as `tpukit.checkpoint.io_options`, so checkpoints and exports go through the same device.
+    `tpukit.runner` asks once and passes the answer to checkpoints (`checkpoint.io_options`), exports and logs.
 
     Args:
         strategy: any `tf.distribute.Strategy`.

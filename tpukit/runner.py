@@ -324,9 +324,10 @@ def run(
     # Keras 3.15's own train function fails with steps_per_execution > 1 on 2+ Mirrored replicas
     # (keras-team/keras#19246) and on every MultiWorkerMirroredStrategy; see loop.py.
     loop.use_multi_step_loop(model)
+    io_device = io_device_for(strategy, output_dir)  # remote TPU + local dir: I/O through this machine
     checkpointer = checkpoint_lib.Checkpointer(
         checkpoint_dir, model, model.optimizer, recipe.runtime.max_checkpoints_to_keep,
-        options=checkpoint_lib.io_options(strategy, output_dir),
+        options=checkpoint_lib.io_options(io_device),
     )
     if checkpoint and not tf.io.gfile.exists(checkpoint + ".index"):
         raise RecipeError(
@@ -378,7 +379,7 @@ def run(
             checkpointer=checkpointer,
             steps_per_epoch=steps_per_epoch,
             epochs=recipe.train.epochs,
-            callbacks=_callbacks(recipe, output_dir, throughput, steps_per_execution, bool(io_device_for(strategy, output_dir)))
+            callbacks=_callbacks(recipe, output_dir, throughput, steps_per_execution, io_device is not None)
             + list(callbacks or []),
             checkpoint_every_steps=recipe.runtime.checkpoint_every_steps,
             max_nan_retries=recipe.train.max_nan_retries,
@@ -396,7 +397,7 @@ def run(
         evaluation = {k: float(v) for k, v in evaluation.items()}
     exported = {}
     if mode != "eval" and outcome.status != "preempted":
-        exported = export_model(model, output_dir, io_device=io_device_for(strategy, output_dir))
+        exported = export_model(model, output_dir, io_device=io_device)
 
     metrics = {
         "recipe": recipe.path,

@@ -165,7 +165,7 @@ def fit_with_recovery(
                     )
                     + ". Fix: lower train.learning_rate, add train.warmup_steps, or check the data for NaN/inf."
                 )
-            restored = checkpointer.restore_latest()
+            restored = checkpointer.restore()
             logger.warning(
                 "tpukit: non-finite loss at step %d: rolled back to step %d (retry %d of %d)",
                 guard.diverged_at, restored, rollbacks, max_nan_retries,
