@@ -14,7 +14,24 @@ def _step(model) -> int:
     return int(model.optimizer.iterations.numpy())
 
 
-class Throughput(keras.callbacks.Callback):
+class _ExcludesValidation(keras.callbacks.Callback):
+    """Adds up the time `fit` spends validating, so rates can leave it out (it is not training time)."""
+
+    def __init__(self):
+        super().__init__()
+        self._validating_since = None
+        self._validation_seconds = 0.0
+
+    def on_test_begin(self, logs=None):
+        self._validating_since = time.perf_counter()
+
+    def on_test_end(self, logs=None):
+        if self._validating_since is not None:
+            self._validation_seconds += time.perf_counter() - self._validating_since
+        self._validating_since = None
+
+
+class Throughput(_ExcludesValidation):
     """Time to the first step (dominated by tracing and XLA compilation) and examples/s after it.
 
     One instance spans every `fit` segment of a run: the first segment's first step is the compile time, and the
@@ -31,21 +48,11 @@ class Throughput(keras.callbacks.Callback):
         self._seconds = 0.0
         self._start = None
         self._first = None  # (time, step) after the first execution of this segment
-        self._validating_since = None
-        self._validation_seconds = 0.0  # validation inside this segment: not training time
 
     def on_train_begin(self, logs=None):
         self._start = time.perf_counter()
         self._first = None
-        self._validation_seconds = 0.0
-
-    def on_test_begin(self, logs=None):
-        self._validating_since = time.perf_counter()
-
-    def on_test_end(self, logs=None):
-        if self._validating_since is not None and self._first is not None:
-            self._validation_seconds += time.perf_counter() - self._validating_since
-        self._validating_since = None
+        self._validation_seconds = 0.0  # validation inside this segment
 
     def on_train_batch_end(self, batch, logs=None):
         if self._first is None:
@@ -70,7 +77,7 @@ class Throughput(keras.callbacks.Callback):
             self.examples_per_second = self.steps_per_second * self.global_batch_size
 
 
-class TrainingScalars(keras.callbacks.Callback):
+class TrainingScalars(_ExcludesValidation):
     """Writes learning_rate, examples_per_second and steps_per_second to `log_dir/train` at every epoch end,
     at the optimizer step (Keras' TensorBoard callback writes the metrics, not these)."""
 
@@ -80,8 +87,6 @@ class TrainingScalars(keras.callbacks.Callback):
         self.throughput = throughput
         self._writer = None
         self._last = None  # (time, step) at the previous epoch end
-        self._validating_since = None
-        self._validation_seconds = 0.0
 
     def on_train_begin(self, logs=None):
         import tensorflow as tf
@@ -90,14 +95,6 @@ class TrainingScalars(keras.callbacks.Callback):
             self._writer = tf.summary.create_file_writer(self.log_dir)
         self._last = (time.perf_counter(), _step(self.model))
         self._validation_seconds = 0.0
-
-    def on_test_begin(self, logs=None):
-        self._validating_since = time.perf_counter()
-
-    def on_test_end(self, logs=None):
-        if self._validating_since is not None:
-            self._validation_seconds += time.perf_counter() - self._validating_since
-        self._validating_since = None
 
     def _learning_rate(self, step: int) -> float:
         rate = self.model.optimizer.learning_rate

@@ -187,7 +187,8 @@ def use_multi_step_loop(model) -> bool:
     return True
 
 
-def _divisors(number: int) -> list[int]:
+def divisors(number: int) -> list[int]:
+    """The divisors of `number`, ascending."""
     small = [d for d in range(1, math.isqrt(number) + 1) if number % d == 0]
     return sorted(set(small + [number // d for d in small]))
 
@@ -207,7 +208,7 @@ def check_steps_per_execution(steps_per_execution: int, steps_per_epoch: int) ->
     _positive_int("steps_per_epoch", steps_per_epoch)
     if steps_per_epoch % steps_per_execution:
         trained = -(-steps_per_epoch // steps_per_execution) * steps_per_execution
-        valid = ", ".join(str(d) for d in _divisors(steps_per_epoch))
+        valid = ", ".join(str(d) for d in divisors(steps_per_epoch))
         raise ValueError(
             f"steps_per_execution={steps_per_execution} does not divide steps_per_epoch={steps_per_epoch}: Keras runs "
             f"whole executions only, so each epoch would train {trained} steps instead of {steps_per_epoch}. "
@@ -241,7 +242,7 @@ def auto_steps_per_execution(
     _positive_int("maximum", maximum)
     # The tiny tolerance keeps e.g. 5 x 0.1 s within a 0.5 s target despite float rounding.
     fits = [
-        d for d in _divisors(steps_per_epoch)
+        d for d in divisors(steps_per_epoch)
         if d <= maximum and d * time_one_step_seconds <= target_seconds * (1 + 1e-9)
     ]
     return max(fits, default=1)

@@ -341,7 +341,7 @@ def run(
             raise RecipeError(str(error)) from None
     left = steps_per_epoch - start_step % steps_per_epoch
     if mode != "eval" and start_step < total_steps and left % steps_per_execution:
-        valid = [d for d in range(1, left + 1) if left % d == 0 and steps_per_epoch % d == 0]
+        valid = loop.divisors(math.gcd(steps_per_epoch, left))  # fit the rest of this epoch and every later one
         raise RecipeError(
             f"{recipe.path}: runtime.steps_per_execution={steps_per_execution} does not divide the {left} steps left in "
             f"the epoch this run resumes at (step {start_step}), so the run would overshoot its epochs. Fix: --set "
