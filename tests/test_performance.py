@@ -16,11 +16,11 @@ from tpukit.performance import choose_jit_compile, choose_precision
     ],
 )
 def test_auto_precision(kind, capability, expected):
-    assert choose_precision("auto", kind, jit_compile=False, compute_capability=capability).value == expected
+    assert choose_precision("auto", kind, compute_capability=capability).value == expected
 
 
 def test_explicit_precision_is_kept():
-    decision = choose_precision("mixed_bfloat16", "default", jit_compile=False)
+    decision = choose_precision("mixed_bfloat16", "default")
     assert decision.value == "mixed_bfloat16" and decision.reason == "set in the recipe"
 
 

@@ -32,7 +32,7 @@ def _gpu_compute_capability() -> tuple[int, int] | None:
     return details.get("compute_capability")
 
 
-def choose_precision(requested: str, kind: str, jit_compile: bool, compute_capability: tuple[int, int] | None = None) -> Decision:
+def choose_precision(requested: str, kind: str, compute_capability: tuple[int, int] | None = None) -> Decision:
     """The Keras dtype policy name for `requested` ('auto' or a policy) on a strategy `kind`."""
     if requested != "auto":
         if requested == "mixed_bfloat16" and kind == "default":

@@ -283,7 +283,7 @@ def run(
         jit = performance.choose_jit_compile(recipe.runtime.jit_compile, kind, replicas)
     except ValueError as error:
         raise RecipeError(f"{recipe.path}: {error}") from None
-    precision = performance.choose_precision(recipe.runtime.precision, kind, jit.value)
+    precision = performance.choose_precision(recipe.runtime.precision, kind)
     per_replica = recipe.data.global_batch_size // replicas
     logger.info(
         "tpukit: global batch %d = %d replica(s) x %d per replica; %d steps per epoch over %d examples",
