@@ -54,6 +54,9 @@ class DataConfig:
     cast_to_compute_dtype: bool = True  # float features -> the policy's compute dtype on the host (bf16 infeed)
     prefetch_batches: int | None = None  # null: AUTOTUNE
     private_threadpool_size: int = 0  # >0: tf.data threads of its own; 0: TensorFlow's shared pool
+    # true: skip records that fail to parse/decode and count them (log + metrics.json); false: stop with an error
+    # naming the file and record.
+    skip_corrupt: bool = False
     options: dict[str, Any] = dataclasses.field(default_factory=dict)  # source kwargs
 
 
