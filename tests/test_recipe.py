@@ -1,5 +1,6 @@
 """Strict recipe loading: each error class names the file, the key path, the value received and the fix."""
 
+import dataclasses
 import os
 
 import pytest
@@ -99,7 +100,10 @@ def test_bad_choice_lists_valid_choices(tmp_path):
     raw = digits_recipe()
     raw["runtime"]["precision"] = "bf16"
     message, _ = load_error(tmp_path, raw)
-    assert "runtime.precision must be one of 'auto' or 'float32' or 'mixed_bfloat16' or 'mixed_float16'" in message
+    assert (
+        "runtime.precision must be one of 'auto' or 'float32' or 'mixed_bfloat16' or 'mixed_float16'"
+        in message
+    )
     assert "received 'bf16' (str)" in message
 
 
@@ -115,14 +119,21 @@ def test_unknown_data_source(tmp_path):
     raw = digits_recipe()
     raw["data"]["source"] = "digitz"
     message, _ = load_error(tmp_path, raw)
-    assert "data.source must be one of" in message and "digits" in message and "received 'digitz'" in message
+    assert (
+        "data.source must be one of" in message
+        and "digits" in message
+        and "received 'digitz'" in message
+    )
 
 
 def test_non_positive_numbers_are_rejected(tmp_path):
     raw = digits_recipe()
     raw["data"]["global_batch_size"] = 0
     message, _ = load_error(tmp_path, raw)
-    assert "data.global_batch_size must be >= 1; received 0" in message
+    assert (
+        "data.global_batch_size must be >= 1 and <= 2147483647; received 0. Fix: e.g. global_batch_size: 64."
+        in message
+    )
 
 
 def test_unknown_top_level_section(tmp_path):
@@ -152,7 +163,15 @@ def test_packaged_recipe_by_name_and_by_clone_path_from_elsewhere(tmp_path, monk
 
 def test_overrides_are_parsed_as_yaml_and_validated(tmp_path):
     path = write(tmp_path, digits_recipe())
-    recipe = load_recipe(path, ["train.epochs=2", "data.eval_split=null", "model.filters=[8]", "runtime.jit_compile=false"])
+    recipe = load_recipe(
+        path,
+        [
+            "train.epochs=2",
+            "data.eval_split=null",
+            "model.filters=[8]",
+            "runtime.jit_compile=false",
+        ],
+    )
     assert recipe.train.epochs == 2 and recipe.data.eval_split is None
     assert recipe.model.kwargs["filters"] == (8,) and recipe.runtime.jit_compile is False
 
@@ -181,5 +200,281 @@ def test_resolved_recipe_round_trips(tmp_path):
 
 
 def test_from_dict_rejects_a_non_mapping():
-    with pytest.raises(RecipeError, match="a recipe is a mapping with sections model, data, train, runtime"):
+    with pytest.raises(
+        RecipeError, match="a recipe is a mapping with sections model, data, train, runtime"
+    ):
         from_dict(["model"], "x.yaml")
+
+
+# ---- issue 8: bad input fails fast, in files, in --set and in Python ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "content, expected",
+    [
+        ("latin-1", "not UTF-8 text (byte 0xe9 at line 1"),
+        (bytes(range(256)), "not UTF-8 text (byte 0x80 at line 2, offset 128)"),
+        (b"", "the file is empty (or only comments)"),
+        (b"# only a comment\n", "the file is empty (or only comments)"),
+        (
+            b"- model\n- data\n",
+            "a recipe is a mapping with sections model, data, train, runtime; received list",
+        ),
+        (
+            b"42\n",
+            "a recipe is a mapping with sections model, data, train, runtime; received int 42",
+        ),
+        (
+            b"model:\n\tname: x\n",
+            "not valid YAML: found character '\\t' that cannot start any token at line 2",
+        ),
+        (
+            b"model: {name: small_cnn}\nmodel: {name: vit}\n",
+            "found duplicate key 'model' (first on line 1)",
+        ),
+    ],
+)
+def test_files_that_are_not_recipes(tmp_path, content, expected):
+    if content == "latin-1":
+        content = (
+            "# d\u00e9j\u00e0 vu\n".encode("latin-1")
+            + open(os.path.join(RECIPES, "digits_cnn.yaml"), "rb").read()
+        )
+    path = tmp_path / "r.yaml"
+    path.write_bytes(content)
+    with pytest.raises(RecipeError) as info:
+        load_recipe(str(path))
+    message = str(info.value)
+    assert message.startswith(f"{path}: ") and expected in message and "Fix:" in message
+    assert "\n" not in message  # one paragraph: PyYAML's own messages span several lines
+
+
+def test_a_directory_and_an_unreadable_file(tmp_path, monkeypatch):
+    with pytest.raises(
+        RecipeError, match=r"is a directory, not a YAML file\. Fix: pass the recipe file inside it"
+    ):
+        load_recipe(str(tmp_path))
+    path = write(tmp_path, digits_recipe())
+
+    def denied(
+        *args, **kwargs
+    ):  # chmod 000 does not stop root, who runs these tests in CI containers
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(recipe_lib, "open", denied, raising=False)
+    with pytest.raises(
+        RecipeError, match=r"r\.yaml: cannot read the recipe file \(Permission denied\)\. Fix:"
+    ):
+        load_recipe(path)
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("train.learning_rate=.nan", "train.learning_rate"),
+        ("train.learning_rate=.inf", "train.learning_rate"),
+        ("train.label_smoothing=-.inf", "train.label_smoothing"),
+        ("model.dropout=.nan", "model.dropout"),
+        ("model.filters=[8, .inf]", "model.filters"),
+        ("data.test_fraction=.NaN", "data.test_fraction"),
+        (
+            "runtime.steps_per_execution_target_seconds=.inf",
+            "runtime.steps_per_execution_target_seconds",
+        ),
+    ],
+)
+def test_nan_and_infinity_are_refused_at_load_time(tmp_path, override, key):
+    overrides = (
+        [override, "runtime.steps_per_execution=auto"] if key.startswith("runtime") else [override]
+    )
+    message, path = load_error(tmp_path, digits_recipe(), overrides)
+    assert message.startswith(f"{path}: {key} must be a finite number; received ")
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("train.epochs=1.5", "train.epochs must be an integer; received 1.5 (float)"),
+        (
+            "data.global_batch_size=1.0e+30",
+            "data.global_batch_size must be an integer; received 1e+30 (float)",
+        ),
+        ("data.global_batch_size=" + "1" + "0" * 30, "data.global_batch_size is too large"),
+        ("model.num_classes=" + "1" + "0" * 30, "model.num_classes is too large"),
+        (
+            "data.global_batch_size=4294967296",
+            "data.global_batch_size must be >= 1 and <= 2147483647; received 4294967296",
+        ),
+        ("train.epochs=-3", "train.epochs must be >= 1 and <= 2147483647; received -3"),
+        ("train.seed=-1", "train.seed must be >= 0 and <= 4294967295; received -1"),
+        ("train.learning_rate=-0.1", "train.learning_rate must be >= 0; received -0.1"),
+        (
+            "data.prefetch_batches=-2",
+            "data.prefetch_batches must be >= 0 and <= 2147483647; received -2",
+        ),
+        ("runtime.verbose=3", "runtime.verbose must be >= 0 and <= 2; received 3"),
+        ("runtime.max_checkpoints_to_keep=0", "runtime.max_checkpoints_to_keep must be >= 1"),
+        (
+            "train.decay_boundaries=[0.75, 0.5]",
+            "key train.decay_boundaries (received (0.75, 0.5)) does not apply",
+        ),
+    ],
+)
+def test_numbers_out_of_range_name_the_valid_range(tmp_path, override, expected):
+    message, path = load_error(tmp_path, digits_recipe(), [override])
+    assert message.startswith(f"{path}: {expected}") and "Fix:" in message
+
+
+def test_step_schedule_boundaries_must_increase(tmp_path):
+    message, _ = load_error(
+        tmp_path, digits_recipe(), ["train.schedule=step", "train.decay_boundaries=[0.75, 0.5]"]
+    )
+    assert (
+        "train.decay_boundaries must be increasing fractions of the run in (0, 1); received [0.75, 0.5]"
+        in message
+    )
+
+
+@pytest.mark.parametrize(
+    "overrides, key, decider",
+    [
+        (
+            ["train.trust_coefficient=0.01"],
+            "train.trust_coefficient",
+            "train.optimizer is lars, and train.optimizer is 'adamw'",
+        ),
+        (
+            ["train.momentum=0.9"],
+            "train.momentum",
+            "train.optimizer is sgd or lars, and train.optimizer is 'adamw'",
+        ),
+        (
+            ["train.optimizer=adam", "train.weight_decay=0", "train.momentum=0.9"],
+            "train.momentum",
+            "is 'adam'",
+        ),
+        (
+            ["train.decay_boundaries=[0.3]"],
+            "train.decay_boundaries",
+            "train.schedule is step, and train.schedule is 'cosine'",
+        ),
+        (
+            ["train.decay_rate=0.5"],
+            "train.decay_rate",
+            "train.schedule is step, and train.schedule is 'cosine'",
+        ),
+        (
+            ["train.early_stopping_metric=val_accuracy"],
+            "train.early_stopping_metric",
+            "train.early_stopping_patience is set, and train.early_stopping_patience is null",
+        ),
+        (
+            ["runtime.steps_per_execution_target_seconds=2"],
+            "runtime.steps_per_execution_target_seconds",
+            "runtime.steps_per_execution is auto, and runtime.steps_per_execution is 1",
+        ),
+    ],
+)
+def test_keys_that_do_not_apply_to_the_chosen_option(tmp_path, overrides, key, decider):
+    message, path = load_error(tmp_path, digits_recipe(), overrides)
+    assert message.startswith(f"{path}: key {key} (received ")
+    assert "does not apply: it is read only when " in message and decider in message
+    assert f"Fix: remove {key} (or set it to null)" in message
+    section = key.split(".")[0]
+    assert f"Valid keys in {section} with these choices: " in message
+
+
+def test_conditional_keys_get_their_defaults_where_they_apply(tmp_path):
+    path = write(tmp_path, digits_recipe())
+    train = load_recipe(path, ["train.optimizer=lars", "train.schedule=step"]).train
+    assert (train.momentum, train.trust_coefficient, train.decay_boundaries, train.decay_rate) == (
+        0.9,
+        0.001,
+        (0.5, 0.75),
+        0.1,
+    )
+    assert train.early_stopping_metric is None
+    adamw = load_recipe(path).train
+    assert (adamw.momentum, adamw.trust_coefficient, adamw.decay_boundaries, adamw.decay_rate) == (
+        None,
+    ) * 4
+    runtime = load_recipe(path, ["runtime.steps_per_execution=auto"]).runtime
+    assert runtime.steps_per_execution_target_seconds == 0.5
+    # null is "not set": a saved resolved recipe of another optimizer loads again
+    assert (
+        load_recipe(path, ["train.momentum=null", "train.trust_coefficient=null"]).train.momentum
+        is None
+    )
+
+
+def test_a_saved_recipe_with_every_conditional_key_resolved_loads_again(tmp_path):
+    overrides = [
+        "train.optimizer=lars",
+        "train.schedule=step",
+        "train.early_stopping_patience=2",
+        "runtime.steps_per_execution=auto",
+    ]
+    recipe = load_recipe(os.path.join(RECIPES, "digits_cnn.yaml"), overrides)
+    out = str(tmp_path / "resolved.yaml")
+    recipe_lib.save_recipe(recipe, out)
+    assert load_recipe(out).to_dict() == recipe.to_dict()
+
+
+def test_python_built_recipes_are_checked_like_yaml_ones():
+    recipe = load_recipe(os.path.join(RECIPES, "digits_cnn.yaml"))
+    with pytest.raises(
+        RecipeError, match=r"^train\.learning_rate must be a finite number; received nan"
+    ):
+        dataclasses.replace(recipe.train, learning_rate=float("nan"))
+    with pytest.raises(RecipeError, match=r"^key train\.momentum \(received 0\.5\) does not apply"):
+        dataclasses.replace(recipe.train, momentum=0.5)
+    with pytest.raises(
+        RecipeError, match=r"^train\.epochs must be >= 1 and <= 2147483647; received 0"
+    ):
+        recipe_lib.TrainConfig(epochs=0, learning_rate=0.1)
+    with pytest.raises(
+        RecipeError, match=r"^train\.epochs must be an integer; received '3' \(str\)"
+    ):
+        recipe_lib.TrainConfig(epochs="3", learning_rate=0.1)
+    with pytest.raises(
+        RecipeError, match=r"^unknown key data\.tset_fraction .* Did you mean 'test_fraction'\?"
+    ):
+        recipe_lib.DataConfig(source="digits", global_batch_size=8, options={"tset_fraction": 0.1})
+    with pytest.raises(
+        RecipeError, match=r"^unknown key model\.dropuot .* Did you mean 'dropout'\?"
+    ):
+        recipe_lib.ModelConfig(name="small_cnn", kwargs={"dropuot": 0.1})
+    with pytest.raises(RecipeError, match=r"^runtime\.steps_per_execution must be >= 1"):
+        dataclasses.replace(recipe.runtime, steps_per_execution=0)
+    with pytest.raises(
+        RecipeError,
+        match=r"Recipe\.train must be a tpukit\.recipe\.TrainConfig; received \{\} \(dict\)",
+    ):
+        recipe_lib.Recipe(model=recipe.model, data=recipe.data, train={})
+    # types are coerced as from YAML; conditional defaults resolve
+    train = recipe_lib.TrainConfig(epochs=3, learning_rate=1, optimizer="sgd")
+    assert (
+        train.learning_rate == 1.0
+        and isinstance(train.learning_rate, float)
+        and train.momentum == 0.9
+    )
+    # a section changed in place is caught by validate() (run() calls it)
+    recipe.train.epochs = 0
+    with pytest.raises(RecipeError, match=r"digits_cnn\.yaml: train\.epochs must be >= 1"):
+        recipe.validate()
+
+
+def test_set_into_a_section_that_is_not_a_mapping(tmp_path):
+    raw = digits_recipe()
+    raw["train"] = 3
+    message, path = load_error(tmp_path, raw, ["train.epochs=2"])
+    assert message.startswith(
+        f"{path}: --set 'train.epochs=2': section train must be a mapping of keys; received 3."
+    )
+
+
+def test_odd_keys_never_crash_the_message(tmp_path):
+    raw = digits_recipe()
+    raw["train"][3] = "x"  # YAML allows integer (and boolean: `on:`) keys
+    message, path = load_error(tmp_path, raw)
+    assert message.startswith(f"{path}: unknown key train.3 (received 'x').")

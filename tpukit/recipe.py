@@ -1,20 +1,26 @@
 """Recipes: YAML with four sections (model, data, train, runtime), loaded strictly into dataclasses.
 
-Strictness is the point: a typo in a key, a wrong type or a bad choice stops the run before any device work with a
-message naming the file, the key path, the value received and the valid choices (Accelerate/Lightning style).
+Strictness is the point: a typo in a key, a wrong type, a value out of range (NaN and infinity included) or a key
+that does not apply to the chosen option stops the run before any device work, with a one-paragraph message naming
+the file, the key path, the value received and the fix (Accelerate/Lightning style).
 
-The `model` section is `name` plus the keyword arguments of that model's builder; the `data` section is the
-pipeline knobs below plus the keyword arguments of the chosen `source`. Builders and sources are the schema for
-their own keys: their signatures and annotations are read, so adding a model needs no schema edit here.
+The checks live in the dataclasses themselves (`__post_init__`), so a recipe built in Python, or changed with
+`dataclasses.replace`, is held to the same rules as one loaded from YAML. The `model` section is `name` plus the
+keyword arguments of that model's builder; the `data` section is the pipeline knobs below plus the keyword arguments
+of the chosen `source`. Builders and sources are the schema for their own keys: their signatures and annotations
+are read, so adding a model needs no schema edit here.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import importlib.resources
 import inspect
+import math
 import os
+import reprlib
 import types
 import typing
 from typing import Any, Literal, Union
@@ -22,6 +28,15 @@ from typing import Any, Literal, Union
 import yaml
 
 SECTIONS = ("model", "data", "train", "runtime")
+
+# Counts and sizes (batches, steps, epochs, buffers) must fit TensorFlow's int32 shapes and sizes.
+INT32_MAX = 2**31 - 1
+# Any other integer (model and source arguments) must fit int64: a larger one overflows in NumPy or TensorFlow.
+INT64_MAX = 2**63 - 1
+# keras.utils.set_random_seed (NumPy's legacy seeding) accepts only [0, 2**32 - 1].
+SEED_MAX = 2**32 - 1
+# Recipes are a few KB; a file this large is not a recipe (say, a dataset passed by mistake), so it is not parsed.
+MAX_RECIPE_BYTES = 1 << 20
 
 
 class RecipeError(ValueError):
@@ -34,6 +49,9 @@ class ModelConfig:
 
     name: str
     kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self):
+        _validate_model(self)
 
 
 @dataclasses.dataclass
@@ -51,36 +69,60 @@ class DataConfig:
     shuffle_buffer: int = 10_000
     cache: bool = True  # in memory, if it fits (else logged and skipped)
     deterministic: bool = False
-    cast_to_compute_dtype: bool = True  # float features -> the policy's compute dtype on the host (bf16 infeed)
-    prefetch_batches: int | None = None  # null: AUTOTUNE
+    cast_to_compute_dtype: bool = (
+        True  # float features -> the policy's compute dtype on the host (bf16 infeed)
+    )
+    prefetch_batches: int | None = None  # null: AUTOTUNE; 0: no prefetching
     private_threadpool_size: int = 0  # >0: tf.data threads of its own; 0: TensorFlow's shared pool
     # true: skip records that fail to parse/decode and count them (log + metrics.json); false: stop with an error
     # naming the file and record.
     skip_corrupt: bool = False
     options: dict[str, Any] = dataclasses.field(default_factory=dict)  # source kwargs
 
+    def __post_init__(self):
+        _validate_data(self)
+
 
 @dataclasses.dataclass
 class TrainConfig:
+    """Optimization. Keys marked "only" are refused when their option is not chosen; null means the default."""
+
     epochs: int
-    learning_rate: float  # the peak rate; scaled by global/reference batch when reference_batch_size is set
+    learning_rate: (
+        float  # the peak rate; scaled by global/reference batch when reference_batch_size is set
+    )
     steps_per_epoch: int | None = None  # null: one pass over the training split
     optimizer: Literal["adam", "adamw", "sgd", "lamb", "lars"] = "adam"
-    momentum: float = 0.9
-    weight_decay: float = 0.0  # in the optimizer (decoupled for adamw/lamb, coupled L2 for sgd/lars), not the loss
+    momentum: float | None = None  # sgd and lars only; null: 0.9
+    weight_decay: float = (
+        0.0  # in the optimizer (decoupled for adamw/lamb, coupled L2 for sgd/lars), not the loss
+    )
     schedule: Literal["constant", "cosine", "step"] = "constant"
     warmup_steps: int = 0
-    decay_boundaries: tuple[float, ...] = (0.5, 0.75)  # schedule: step, as fractions of the total steps
-    decay_rate: float = 0.1  # schedule: step, factor at each boundary
-    reference_batch_size: int | None = None  # linear scaling rule: lr * global_batch_size / reference_batch_size
-    trust_coefficient: float = 0.001  # LARS only
+    decay_boundaries: tuple[float, ...] | None = (
+        None  # schedule step only, fractions of the total steps; null: [0.5, 0.75]
+    )
+    decay_rate: float | None = None  # schedule step only, the factor at each boundary; null: 0.1
+    reference_batch_size: int | None = (
+        None  # linear scaling rule: lr * global_batch_size / reference_batch_size
+    )
+    trust_coefficient: float | None = None  # lars only; null: 0.001
     label_smoothing: float = 0.0
     seed: int = 0
     eval_every_epochs: int = 1  # validation during training (mode train_and_eval)
-    early_stopping_patience: int | None = None  # epochs without improvement of early_stopping_metric
-    early_stopping_metric: str = "val_loss"
-    export_best_by: str | None = None  # e.g. val_accuracy: also keep best.keras, the best model by that metric
-    max_nan_retries: int = 3  # rollbacks to the last checkpoint after a non-finite loss before giving up
+    early_stopping_patience: int | None = (
+        None  # epochs without improvement of early_stopping_metric
+    )
+    early_stopping_metric: str | None = None  # with early_stopping_patience only; null: val_loss
+    export_best_by: str | None = (
+        None  # e.g. val_accuracy: also keep best.keras, the best model by that metric
+    )
+    max_nan_retries: int = (
+        3  # rollbacks to the last checkpoint after a non-finite loss before giving up
+    )
+
+    def __post_init__(self):
+        _validate_train(self)
 
 
 @dataclasses.dataclass
@@ -93,11 +135,20 @@ class RuntimeConfig:
     # Steps per host call (the main TPU throughput knob). auto: the largest divisor of the epoch whose call takes
     # at most steps_per_execution_target_seconds, timed on a throwaway copy of the model before training.
     steps_per_execution: int | Literal["auto"] = 1
-    steps_per_execution_target_seconds: float = 0.5
+    steps_per_execution_target_seconds: float | None = (
+        None  # with steps_per_execution auto only; null: 0.5
+    )
     checkpoint_every_steps: int | None = None  # null: at the end of every epoch only
     max_checkpoints_to_keep: int = 3
-    profile_steps: tuple[int, ...] | None = None  # [first, last] step for a TensorBoard profiler trace
-    verbose: int | Literal["auto"] = "auto"  # auto: progress bar on a terminal, one line per epoch otherwise
+    profile_steps: tuple[int, ...] | None = (
+        None  # [first, last] step for a TensorBoard profiler trace
+    )
+    verbose: int | Literal["auto"] = (
+        "auto"  # auto: progress bar on a terminal, one line per epoch otherwise
+    )
+
+    def __post_init__(self):
+        _validate_runtime(self)
 
 
 @dataclasses.dataclass
@@ -108,9 +159,40 @@ class Recipe:
     runtime: RuntimeConfig = dataclasses.field(default_factory=RuntimeConfig)
     path: str = "<dict>"
 
+    def __post_init__(self):
+        for name, cls in (
+            ("model", ModelConfig),
+            ("data", DataConfig),
+            ("train", TrainConfig),
+            ("runtime", RuntimeConfig),
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, cls):
+                raise RecipeError(
+                    f"{self.path}: Recipe.{name} must be a tpukit.recipe.{cls.__name__}; received "
+                    f"{_show(value)} ({type(value).__name__}). Fix: build it with {cls.__name__}(...), or load the "
+                    "recipe with tpukit.load_recipe / tpukit.recipe.from_dict."
+                )
+
+    def validate(self) -> Recipe:
+        """Checks every section again (after fields were assigned in place); returns self. Raises RecipeError.
+
+        Construction already validates; this is for code that mutates a recipe's sections attribute by attribute.
+        """
+        try:
+            for section in (self.model, self.data, self.train, self.runtime):
+                section.__post_init__()
+        except RecipeError as error:
+            raise RecipeError(f"{self.path}: {error}") from None
+        return self
+
     def to_dict(self) -> dict[str, Any]:
         """The recipe as plain YAML-able data, in the same shape as the file (used to save the resolved recipe)."""
-        data = {f.name: getattr(self.data, f.name) for f in dataclasses.fields(DataConfig) if f.name != "options"}
+        data = {
+            f.name: getattr(self.data, f.name)
+            for f in dataclasses.fields(DataConfig)
+            if f.name != "options"
+        }
         data.update(self.data.options)
         return {
             "model": {"name": self.model.name, **self.model.kwargs},
@@ -121,7 +203,21 @@ class Recipe:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Type checking of single values.
+# Messages.
+
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = (
+    80  # a received value is shown, never a whole file or a YAML alias bomb
+)
+
+
+def _show(value: Any) -> str:
+    return "null" if value is None else _REPR.repr(value)
+
+
+def _key_name(key: Any) -> str:
+    """A key as written in a message: plain when it reads as a name, else its repr (no newlines, no surprises)."""
+    return key if isinstance(key, str) and key.isidentifier() else _show(key)
 
 
 def _type_name(tp: Any) -> str:
@@ -138,7 +234,31 @@ def _type_name(tp: Any) -> str:
         return f"a list of {inner}"
     if origin is dict:
         return "a mapping"
-    return {int: "an integer", float: "a number", str: "a string", bool: "true/false"}.get(tp, getattr(tp, "__name__", str(tp)))
+    return {int: "an integer", float: "a number", str: "a string", bool: "true/false"}.get(
+        tp, getattr(tp, "__name__", str(tp))
+    )
+
+
+def _unknown_key_error(
+    section: str, key: Any, value: Any, valid: list[str], where: str
+) -> RecipeError:
+    close = difflib.get_close_matches(str(key), valid, n=1)
+    hint = f" Did you mean '{close[0]}'?" if close else ""
+    name = _key_name(key)
+    return RecipeError(
+        f"unknown key {section}.{name} (received {_show(value)}).{hint} Valid keys in {section}{where}: "
+        f"{', '.join(sorted(valid))}. Fix: rename or remove {section}.{name}."
+    )
+
+
+def _missing_key_error(section: str, key: str, tp: Any, where: str = "") -> RecipeError:
+    return RecipeError(
+        f"missing required key {section}.{key}{where} ({_type_name(tp)}). Fix: add `{key}: ...` under `{section}:`."
+    )
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Type checking of single values.
 
 
 class _Mismatch(Exception):
@@ -175,7 +295,8 @@ def _coerce(value: Any, tp: Any) -> Any:
     if origin is dict or tp is dict:
         if not isinstance(value, dict):
             raise _Mismatch
-        return value
+        key_tp, value_tp = typing.get_args(tp) or (Any, Any)
+        return {_coerce(k, key_tp): _coerce(v, value_tp) for k, v in value.items()}
     if tp is bool:
         if isinstance(value, bool):
             return value
@@ -197,59 +318,146 @@ def _coerce(value: Any, tp: Any) -> Any:
     raise _Mismatch
 
 
-def _check_value(path: str, key: str, value: Any, tp: Any) -> Any:
+def _check_numbers(key: str, value: Any, seen: set[int] | None = None) -> None:
+    """Refuses NaN, infinities and integers beyond int64 anywhere inside `value` (lists and mappings included).
+
+    NaN and infinity are valid YAML (`.nan`, `.inf`) and valid Python floats, and would otherwise train until the
+    NaN guard gives up. Containers are visited once each, so YAML aliases cannot make this exponential.
+    """
+    seen = set() if seen is None else seen
+    if isinstance(value, float) and not math.isfinite(value):
+        raise RecipeError(
+            f"{key} must be a finite number; received {_show(value)}. Fix: use a finite value (NaN and infinity are "
+            "never valid in a recipe)."
+        )
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > INT64_MAX:
+        raise RecipeError(
+            f"{key} is too large: received {_show(value)}, beyond the 64-bit integer range (+-{INT64_MAX}). "
+            f"Fix: use a smaller value for {key}."
+        )
+    if isinstance(value, (list, tuple, dict)):
+        if id(value) in seen:
+            return
+        seen.add(id(value))
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for item_key, item in items:
+            _check_numbers(key, item_key, seen)
+            _check_numbers(key, item, seen)
+
+
+def _check_value(key: str, value: Any, tp: Any) -> Any:
+    _check_numbers(key, value)
     try:
         return _coerce(value, tp)
     except _Mismatch:
-        received = f"{value!r} ({type(value).__name__})"
+        received = f"{_show(value)} ({type(value).__name__})"
         if typing.get_origin(tp) is Literal:
             raise RecipeError(
-                f"{path}: {key} must be one of {_type_name(tp)}; received {received}. "
-                f"Fix: set {key} to one of the valid choices."
+                f"{key} must be one of {_type_name(tp)}; received {received}. Fix: set {key} to one of the valid choices."
             ) from None
         raise RecipeError(
-            f"{path}: {key} must be {_type_name(tp)}; received {received}. Fix: change the value of {key}."
+            f"{key} must be {_type_name(tp)}; received {received}. Fix: change the value of {key}."
         ) from None
 
 
-def _unknown_key_error(path: str, section: str, key: str, value: Any, valid: list[str], where: str) -> RecipeError:
-    close = difflib.get_close_matches(key, valid, n=1)
-    hint = f" Did you mean '{close[0]}'?" if close else ""
-    return RecipeError(
-        f"{path}: unknown key {section}.{key} (received {value!r}).{hint} Valid keys in {section}{where}: "
-        f"{', '.join(sorted(valid))}. Fix: rename or remove {section}.{key}."
-    )
+@functools.cache
+def _hints(fn_or_cls) -> dict[str, Any]:
+    return typing.get_type_hints(fn_or_cls)
 
 
-def _missing_key_error(path: str, section: str, key: str, tp: Any, where: str = "") -> RecipeError:
-    return RecipeError(
-        f"{path}: missing required key {section}.{key}{where} ({_type_name(tp)}). "
-        f"Fix: add `{key}: ...` under `{section}:`."
-    )
+def _check_fields(config, section: str, skip: tuple[str, ...] = ()) -> None:
+    """Type-checks (and coerces, e.g. list -> tuple) every field of a section dataclass in place."""
+    hints = _hints(type(config))
+    for f in dataclasses.fields(config):
+        if f.name not in skip:
+            setattr(
+                config,
+                f.name,
+                _check_value(f"{section}.{f.name}", getattr(config, f.name), hints[f.name]),
+            )
+
+
+def _in_range(
+    key: str,
+    value: Any,
+    low: float | None = None,
+    high: float | None = None,
+    *,
+    low_open: bool = False,
+    high_open: bool = False,
+    example: Any = None,
+) -> None:
+    """Raises unless `value` (None is always accepted: the default applies) lies within the bounds given."""
+    if value is None:
+        return
+    too_low = low is not None and (value <= low if low_open else value < low)
+    too_high = high is not None and (value >= high if high_open else value > high)
+    if too_low or too_high:
+        bounds = [
+            f"{'>' if low_open else '>='} {low}" if low is not None else "",
+            f"{'<' if high_open else '<='} {high}" if high is not None else "",
+        ]
+        fix = (
+            f"e.g. {key.split('.')[-1]}: {example}"
+            if example is not None
+            else "use a value in that range"
+        )
+        raise RecipeError(
+            f"{key} must be {' and '.join(b for b in bounds if b)}; received {_show(value)}. Fix: {fix}."
+        )
+
+
+def _count(key: str, value: Any, low: int = 1, example: Any = None) -> None:
+    _in_range(key, value, low, INT32_MAX, example=example)
+
+
+# Keys read only under some choice of another key: (the deciding key, the values it applies to, or None for "set to
+# anything but null"; its default then). Elsewhere the key must stay null, so it cannot be set by mistake.
+_CONDITIONAL: dict[str, dict[str, tuple[str, tuple | None, Any]]] = {
+    "train": {
+        "momentum": ("optimizer", ("sgd", "lars"), 0.9),
+        "trust_coefficient": ("optimizer", ("lars",), 0.001),
+        "decay_boundaries": ("schedule", ("step",), (0.5, 0.75)),
+        "decay_rate": ("schedule", ("step",), 0.1),
+        "early_stopping_metric": ("early_stopping_patience", None, "val_loss"),
+    },
+    "runtime": {
+        "steps_per_execution_target_seconds": ("steps_per_execution", ("auto",), 0.5),
+    },
+}
+
+
+def _resolve_conditional(config, section: str) -> None:
+    """Refuses a conditional key set where it does not apply; fills in its default where it does."""
+    rules = _CONDITIONAL[section]
+    applies = {}
+    for key, (decider, values, _) in rules.items():
+        current = getattr(config, decider)
+        applies[key] = current is not None if values is None else current in values
+    for key, (decider, values, default) in rules.items():
+        value = getattr(config, key)
+        if applies[key]:
+            if value is None:
+                setattr(config, key, default)
+            continue
+        if value is None:
+            continue
+        current = getattr(config, decider)
+        when = "is set" if values is None else f"is {' or '.join(map(str, values))}"
+        valid = [
+            f.name
+            for f in dataclasses.fields(config)
+            if not (f.name in rules and not applies[f.name])
+        ]
+        raise RecipeError(
+            f"key {section}.{key} (received {_show(value)}) does not apply: it is read only when {section}.{decider} "
+            f"{when}, and {section}.{decider} is {_show(current)}. Valid keys in {section} with these choices: "
+            f"{', '.join(sorted(valid))}. Fix: remove {section}.{key} (or set it to null), or change {section}.{decider}."
+        )
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Sections.
-
-
-def _load_dataclass(cls: type, values: dict[str, Any], path: str, section: str, extra: dict[str, inspect.Parameter] | None = None, extra_where: str = ""):
-    """Builds dataclass `cls` from `values`; keys matching `extra` (a signature's parameters) are returned apart."""
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.name not in ("options", "kwargs")}
-    extra = extra or {}
-    known, rest = {}, {}
-    for key, value in values.items():
-        if key in fields:
-            known[key] = _check_value(path, f"{section}.{key}", value, hints[key])
-        elif key in extra:
-            rest[key] = value
-        else:
-            raise _unknown_key_error(path, section, key, value, list(fields) + list(extra), extra_where)
-    for name, f in fields.items():
-        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-        if required and name not in known:
-            raise _missing_key_error(path, section, name, hints[name])
-    return known, rest
+# Section validation (run by each dataclass's __post_init__; messages carry no file name, from_dict adds it).
 
 
 def _signature_params(fn, skip: tuple[str, ...]) -> dict[str, inspect.Parameter]:
@@ -261,129 +469,212 @@ def _signature_params(fn, skip: tuple[str, ...]) -> dict[str, inspect.Parameter]
     }
 
 
-def _check_kwargs(fn, kwargs: dict[str, Any], params: dict[str, inspect.Parameter], path: str, section: str, where: str) -> dict[str, Any]:
-    hints = typing.get_type_hints(fn)
+def _check_kwargs(
+    fn,
+    kwargs: Any,
+    params: dict[str, inspect.Parameter],
+    section: str,
+    where: str,
+    fields: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """Checks the keyword arguments of a builder or source against its signature: names, types, required ones."""
+    if not isinstance(kwargs, dict):
+        raise RecipeError(
+            f"the keyword arguments of {section}{where} must be a mapping; received {_show(kwargs)} "
+            f"({type(kwargs).__name__}). Fix: pass a dict of argument names to values."
+        )
+    hints = _hints(fn)
     out = {}
     for key, value in kwargs.items():
-        out[key] = _check_value(path, f"{section}.{key}", value, hints.get(key, Any))
+        if key not in params:
+            raise _unknown_key_error(section, key, value, [*fields, *params], where)
+        out[key] = _check_value(f"{section}.{key}", value, hints.get(key, Any))
     for name, p in params.items():
         if p.default is inspect.Parameter.empty and name not in out:
-            raise _missing_key_error(path, section, name, hints.get(name, Any), where)
+            raise _missing_key_error(section, name, hints.get(name, Any), where)
     return out
 
 
-def _lookup(registry: dict[str, Any], name: Any, path: str, key: str):
+def _lookup(registry: dict[str, Any], name: Any, key: str):
     if not isinstance(name, str) or name not in registry:
         close = difflib.get_close_matches(str(name), list(registry), n=1)
         hint = f" Did you mean '{close[0]}'?" if close else ""
         raise RecipeError(
-            f"{path}: {key} must be one of {', '.join(sorted(registry))}; received {name!r}.{hint} "
+            f"{key} must be one of {', '.join(sorted(registry))}; received {_show(name)}.{hint} "
             f"Fix: set {key} to one of those names."
         )
     return registry[name]
 
 
-def _model_section(raw: dict[str, Any], path: str) -> ModelConfig:
+def _validate_model(config: ModelConfig) -> None:
     from tpukit.models import MODELS
 
-    if "name" not in raw:
-        raise _missing_key_error(path, "model", "name", str, f" (one of {', '.join(sorted(MODELS))})")
-    name = raw["name"]
-    builder = _lookup(MODELS, name, path, "model.name")
+    builder = _lookup(MODELS, config.name, "model.name")
     params = _signature_params(builder, skip=())
-    where = f" for model {name!r}"
-    kwargs = {}
-    for key, value in raw.items():
-        if key == "name":
-            continue
-        if key not in params:
-            raise _unknown_key_error(path, "model", key, value, ["name", *params], where)
-        kwargs[key] = value
-    return ModelConfig(name=name, kwargs=_check_kwargs(builder, kwargs, params, path, "model", where))
+    config.kwargs = _check_kwargs(
+        builder, config.kwargs, params, "model", f" for model {config.name!r}", ("name",)
+    )
 
 
-def _data_section(raw: dict[str, Any], path: str) -> DataConfig:
+def _validate_data(config: DataConfig) -> None:
     from tpukit.data import SOURCE_RESERVED_ARGS, SOURCES
 
-    if "source" not in raw:
-        raise _missing_key_error(path, "data", "source", str, f" (one of {', '.join(sorted(SOURCES))})")
-    source = _lookup(SOURCES, raw["source"], path, "data.source")
+    source = _lookup(SOURCES, config.source, "data.source")
+    _check_fields(config, "data", skip=("options",))
     params = _signature_params(source, skip=SOURCE_RESERVED_ARGS)
-    where = f" for source {raw['source']!r}"
-    known, rest = _load_dataclass(DataConfig, raw, path, "data", extra=params, extra_where=where)
-    options = _check_kwargs(source, rest, params, path, "data", where)
-    config = DataConfig(**known, options=options)
-    for key in ("global_batch_size", "eval_global_batch_size", "shuffle_buffer"):
-        value = getattr(config, key)
-        if value is not None and value < 1:
-            raise RecipeError(f"{path}: data.{key} must be >= 1; received {value}. Fix: use a positive number.")
-    return config
+    fields = tuple(f.name for f in dataclasses.fields(DataConfig) if f.name != "options")
+    config.options = _check_kwargs(
+        source, config.options, params, "data", f" for source {config.source!r}", fields
+    )
+    _count("data.global_batch_size", config.global_batch_size, example=64)
+    _count("data.eval_global_batch_size", config.eval_global_batch_size, example=64)
+    _count("data.shuffle_buffer", config.shuffle_buffer, example=10_000)
+    _count("data.prefetch_batches", config.prefetch_batches, low=0, example="null (AUTOTUNE)")
+    _count("data.private_threadpool_size", config.private_threadpool_size, low=0, example=0)
+    for key in ("train_split", "eval_split"):
+        if getattr(config, key) == "":
+            raise RecipeError(f"data.{key} must name a split; received ''. Fix: e.g. {key}: train.")
 
 
-def _positive(path: str, key: str, value: Any, minimum: float = 1) -> None:
-    if value is not None and value < minimum:
-        raise RecipeError(f"{path}: {key} must be >= {minimum}; received {value!r}. Fix: use a value >= {minimum}.")
+def _validate_train(config: TrainConfig) -> None:
+    _check_fields(config, "train")
+    _resolve_conditional(config, "train")
+    _count("train.epochs", config.epochs, example=10)
+    _count("train.steps_per_epoch", config.steps_per_epoch, example="null (one pass over the data)")
+    _in_range("train.learning_rate", config.learning_rate, 0, example=0.001)
+    _in_range("train.momentum", config.momentum, 0, 1, high_open=True, example=0.9)
+    _in_range("train.weight_decay", config.weight_decay, 0, example=0.0001)
+    _count("train.warmup_steps", config.warmup_steps, low=0, example=0)
+    _in_range("train.decay_rate", config.decay_rate, 0, low_open=True, example=0.1)
+    boundaries = config.decay_boundaries
+    if boundaries is not None and (
+        any(not 0 < b < 1 for b in boundaries) or list(boundaries) != sorted(set(boundaries))
+    ):
+        raise RecipeError(
+            f"train.decay_boundaries must be increasing fractions of the run in (0, 1); received {list(boundaries)!r}. "
+            "Fix: e.g. decay_boundaries: [0.5, 0.75] decays at half and three quarters of the run."
+        )
+    _count("train.reference_batch_size", config.reference_batch_size, example=256)
+    _in_range("train.trust_coefficient", config.trust_coefficient, 0, low_open=True, example=0.001)
+    _in_range("train.label_smoothing", config.label_smoothing, 0, 1, high_open=True, example=0.1)
+    _in_range("train.seed", config.seed, 0, SEED_MAX, example=0)
+    _count("train.eval_every_epochs", config.eval_every_epochs, example=1)
+    _count("train.early_stopping_patience", config.early_stopping_patience, low=0, example=5)
+    _count("train.max_nan_retries", config.max_nan_retries, low=0, example=3)
+    for key in ("early_stopping_metric", "export_best_by"):
+        if getattr(config, key) == "":
+            raise RecipeError(
+                f"train.{key} must name a metric; received ''. Fix: e.g. {key}: val_accuracy, or null."
+            )
+    if config.optimizer == "adam" and config.weight_decay > 0:
+        raise RecipeError(
+            f"train.weight_decay={config.weight_decay} has no effect with train.optimizer: adam. "
+            "Fix: use optimizer: adamw (decoupled weight decay), or set weight_decay: 0."
+        )
 
 
-def from_dict(raw: Any, path: str = "<dict>") -> Recipe:
-    """Validates a recipe given as nested dicts (the parsed YAML). Raises RecipeError."""
+def _validate_runtime(config: RuntimeConfig) -> None:
+    _check_fields(config, "runtime")
+    _resolve_conditional(config, "runtime")
+    if config.steps_per_execution != "auto":
+        _count("runtime.steps_per_execution", config.steps_per_execution, example="auto")
+    _in_range(
+        "runtime.steps_per_execution_target_seconds",
+        config.steps_per_execution_target_seconds,
+        1e-3,
+        3600,
+        example=0.5,
+    )
+    _count("runtime.checkpoint_every_steps", config.checkpoint_every_steps, example=1000)
+    _count("runtime.max_checkpoints_to_keep", config.max_checkpoints_to_keep, example=3)
+    if config.verbose != "auto":
+        _in_range("runtime.verbose", config.verbose, 0, 2, example="auto")
+    steps = config.profile_steps
+    if steps is not None and (len(steps) != 2 or not 0 < steps[0] <= steps[1] <= INT32_MAX):
+        raise RecipeError(
+            f"runtime.profile_steps must be [first, last] with 0 < first <= last; received {list(steps)!r}. "
+            "Fix: e.g. profile_steps: [10, 20]."
+        )
+
+
+# --------------------------------------------------------------------------------------------------------------
+# From parsed YAML.
+
+
+def _split_section(
+    cls: type, values: dict[str, Any], section: str, open_ended: bool = False
+) -> tuple[dict, dict]:
+    """Splits a section's keys into `cls` fields and the rest; the rest is an error unless `open_ended`."""
+    hints = _hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.name not in ("options", "kwargs")}
+    known, rest = {}, {}
+    for key, value in values.items():
+        if key in fields:
+            known[key] = value
+        elif open_ended:
+            rest[key] = value
+        else:
+            raise _unknown_key_error(section, key, value, list(fields), "")
+    for name, f in fields.items():
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        if required and name not in known:
+            raise _missing_key_error(section, name, hints[name])
+    return known, rest
+
+
+def _sections(raw: Any) -> dict[str, dict[str, Any]]:
     if not isinstance(raw, dict):
         raise RecipeError(
-            f"{path}: a recipe is a mapping with sections {', '.join(SECTIONS)}; received {type(raw).__name__}. "
-            "Fix: start the file with `model:`."
+            f"a recipe is a mapping with sections {', '.join(SECTIONS)}; received {type(raw).__name__} "
+            f"{_show(raw)}. Fix: start the file with `model:`."
         )
     for key in raw:
         if key not in SECTIONS:
-            raise _unknown_key_error(path, "<top level>", key, raw[key], list(SECTIONS), "")
+            raise _unknown_key_error("<top level>", key, raw[key], list(SECTIONS), "")
     for section in ("model", "data", "train"):
         if section not in raw:
-            raise RecipeError(f"{path}: missing required section `{section}:`. Fix: add it (sections: {', '.join(SECTIONS)}).")
-    for section in SECTIONS:
-        if section in raw and not isinstance(raw[section] or {}, dict):
             raise RecipeError(
-                f"{path}: section {section} must be a mapping of keys; received {raw[section]!r}. "
+                f"missing required section `{section}:`. Fix: add it (sections: {', '.join(SECTIONS)})."
+            )
+    sections = {}
+    for section in SECTIONS:
+        value = raw.get(section)
+        if value is not None and not isinstance(value, dict):
+            raise RecipeError(
+                f"section {section} must be a mapping of keys; received {_show(value)}. "
                 f"Fix: write `{section}:` followed by indented `key: value` lines."
             )
-    model = _model_section(raw["model"] or {}, path)
-    data = _data_section(raw["data"] or {}, path)
-    train_known, _ = _load_dataclass(TrainConfig, raw["train"] or {}, path, "train")
-    runtime_known, _ = _load_dataclass(RuntimeConfig, raw.get("runtime") or {}, path, "runtime")
-    train, runtime = TrainConfig(**train_known), RuntimeConfig(**runtime_known)
-    _positive(path, "train.epochs", train.epochs)
-    _positive(path, "train.steps_per_epoch", train.steps_per_epoch)
-    _positive(path, "train.learning_rate", train.learning_rate, 0)
-    _positive(path, "train.warmup_steps", train.warmup_steps, 0)
-    _positive(path, "train.weight_decay", train.weight_decay, 0)
-    _positive(path, "train.reference_batch_size", train.reference_batch_size)
-    if not 0 <= train.label_smoothing < 1:
-        raise RecipeError(
-            f"{path}: train.label_smoothing must be in [0, 1); received {train.label_smoothing!r}. Fix: e.g. 0.1."
-        )
-    if train.decay_rate <= 0 or any(not 0 < b < 1 for b in train.decay_boundaries):
-        raise RecipeError(
-            f"{path}: train.decay_rate must be > 0 and train.decay_boundaries fractions in (0, 1); received "
-            f"decay_rate={train.decay_rate!r}, decay_boundaries={list(train.decay_boundaries)!r}. Fix: e.g. "
-            "decay_boundaries: [0.5, 0.75], decay_rate: 0.1."
-        )
-    if train.optimizer == "adam" and train.weight_decay > 0:
-        raise RecipeError(
-            f"{path}: train.weight_decay={train.weight_decay} has no effect with train.optimizer: adam. "
-            "Fix: use optimizer: adamw (decoupled weight decay), or set weight_decay: 0."
-        )
-    if runtime.steps_per_execution != "auto":
-        _positive(path, "runtime.steps_per_execution", runtime.steps_per_execution)
-    _positive(path, "runtime.steps_per_execution_target_seconds", runtime.steps_per_execution_target_seconds, 1e-3)
-    _positive(path, "runtime.max_checkpoints_to_keep", runtime.max_checkpoints_to_keep)
-    _positive(path, "runtime.checkpoint_every_steps", runtime.checkpoint_every_steps)
-    _positive(path, "train.eval_every_epochs", train.eval_every_epochs)
-    _positive(path, "train.max_nan_retries", train.max_nan_retries, 0)
-    _positive(path, "train.early_stopping_patience", train.early_stopping_patience, 0)
-    if runtime.profile_steps is not None and (len(runtime.profile_steps) != 2 or not 0 < runtime.profile_steps[0] <= runtime.profile_steps[1]):
-        raise RecipeError(
-            f"{path}: runtime.profile_steps must be [first, last] with 0 < first <= last; received "
-            f"{list(runtime.profile_steps)!r}. Fix: e.g. profile_steps: [10, 20]."
-        )
+        sections[section] = value or {}
+    return sections
+
+
+def _from_sections(raw: Any, path: str) -> Recipe:
+    from tpukit.data import SOURCES
+    from tpukit.models import MODELS
+
+    sections = _sections(raw)
+    model_raw = dict(sections["model"])
+    if "name" not in model_raw:
+        raise _missing_key_error("model", "name", str, f" (one of {', '.join(sorted(MODELS))})")
+    model = ModelConfig(name=model_raw.pop("name"), kwargs=model_raw)
+    if "source" not in sections["data"]:
+        raise _missing_key_error("data", "source", str, f" (one of {', '.join(sorted(SOURCES))})")
+    data_known, options = _split_section(DataConfig, sections["data"], "data", open_ended=True)
+    data = DataConfig(**data_known, options=options)
+    train = TrainConfig(**_split_section(TrainConfig, sections["train"], "train")[0])
+    runtime = RuntimeConfig(**_split_section(RuntimeConfig, sections["runtime"], "runtime")[0])
     return Recipe(model=model, data=data, train=train, runtime=runtime, path=path)
+
+
+def from_dict(raw: Any, path: str = "<dict>") -> Recipe:
+    """Validates a recipe given as nested dicts (the parsed YAML). Raises RecipeError naming `path`."""
+    try:
+        return _from_sections(raw, path)
+    except RecipeError as error:
+        message = str(error)
+        raise RecipeError(
+            message if message.startswith(f"{path}: ") else f"{path}: {message}"
+        ) from None
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -405,8 +696,19 @@ def resolve_path(name_or_path: str) -> str:
 
     So `recipes/cifar10_resnet.yaml` works both in a clone and after `pip install tpukit` (e.g. on Colab).
     """
+    if not isinstance(name_or_path, (str, os.PathLike)):
+        raise RecipeError(
+            f"a recipe is a file path or a packaged recipe name; received {_show(name_or_path)} "
+            f"({type(name_or_path).__name__}). Fix: pass a string such as 'digits_cnn'."
+        )
+    name_or_path = os.fspath(name_or_path)
     if os.path.isfile(name_or_path):
         return name_or_path
+    if os.path.isdir(name_or_path):
+        raise RecipeError(
+            f"recipe {name_or_path!r} is a directory, not a YAML file. Fix: pass the recipe file inside it, "
+            "e.g. recipes/digits_cnn.yaml."
+        )
     stem = os.path.basename(name_or_path)
     stem = stem[: -len(".yaml")] if stem.endswith(".yaml") else stem
     shipped = packaged_recipes()
@@ -420,9 +722,9 @@ def resolve_path(name_or_path: str) -> str:
 
 def apply_override(raw: dict[str, Any], override: str, path: str) -> None:
     """Applies one `section.key=value` override (value parsed as YAML) to the raw recipe in place."""
-    if "=" not in override:
+    if not isinstance(override, str) or "=" not in override:
         raise RecipeError(
-            f"--set {override!r}: expected section.key=value, e.g. --set train.epochs=3. Fix: add `=value`."
+            f"--set {_show(override)}: expected section.key=value, e.g. --set train.epochs=3. Fix: add `=value`."
         )
     dotted, text = override.split("=", 1)
     section, _, key = dotted.strip().partition(".")
@@ -432,25 +734,103 @@ def apply_override(raw: dict[str, Any], override: str, path: str) -> None:
             f"received {dotted!r}. Fix: e.g. --set data.global_batch_size=256."
         )
     try:
-        value = yaml.safe_load(text)
+        value = yaml.load(text, Loader=_StrictLoader)
     except yaml.YAMLError as error:
-        raise RecipeError(f"--set {override!r}: the value {text!r} is not valid YAML ({error}).") from None
-    raw.setdefault(section, {})
-    if raw[section] is None:
+        raise RecipeError(
+            f"--set {override!r}: the value of {section}.{key} is not valid YAML ({_yaml_problem(error)}). "
+            f"Fix: quote it or correct it, e.g. --set {section}.{key}=3."
+        ) from None
+    except RecursionError:
+        raise RecipeError(
+            f"--set {override!r}: the value of {section}.{key} is nested too deeply. Fix: simplify it."
+        ) from None
+    if raw.get(section) is None:
         raw[section] = {}
+    if not isinstance(raw[section], dict):
+        raise RecipeError(
+            f"{path}: --set {override!r}: section {section} must be a mapping of keys; received "
+            f"{_show(raw[section])}. Fix: write `{section}:` followed by indented `key: value` lines."
+        )
     raw[section][key] = value  # unknown keys are rejected by from_dict with the valid names
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, but a key written twice in one mapping is an error instead of the last one winning."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                duplicate = key in seen
+            except TypeError:  # an unhashable key: the base class reports it
+                break
+            if duplicate:
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping",
+                    node.start_mark,
+                    f"found duplicate key {_show(key)} (first on line {seen[key].line + 1})",
+                    key_node.start_mark,
+                )
+            seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep=deep)
+
+
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    """PyYAML's message in one line: the problem and where (its own message spans several lines with a snippet)."""
+    problem = getattr(error, "problem", None) or getattr(error, "reason", None)
+    mark = getattr(error, "problem_mark", None)
+    if problem:
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        context = getattr(error, "context", None)
+        return f"{problem}{where}" + (f", {context}" if context else "")
+    return " ".join(str(error).split())
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_RECIPE_BYTES + 1)
+    except OSError as error:
+        raise RecipeError(
+            f"{path}: cannot read the recipe file ({error.strerror or error}). Fix: check that the path is a "
+            "readable file (permissions, mounts)."
+        ) from None
+    if len(data) > MAX_RECIPE_BYTES:
+        raise RecipeError(
+            f"{path}: larger than {MAX_RECIPE_BYTES} bytes, so it is not a recipe (recipes are a few KB of YAML). "
+            "Fix: pass the recipe's YAML file."
+        )
+    try:
+        return data.decode("utf-8-sig")  # a UTF-8 byte order mark, as some editors write, is fine
+    except UnicodeDecodeError as error:
+        line = data[: error.start].count(b"\n") + 1
+        raise RecipeError(
+            f"{path}: not UTF-8 text (byte 0x{data[error.start]:02x} at line {line}, offset {error.start}); a recipe "
+            "is a YAML text file in UTF-8. Fix: pass the recipe's .yaml file, or re-save it as UTF-8 (e.g. "
+            "`iconv -f latin1 -t utf-8`)."
+        ) from None
 
 
 def load_recipe(name_or_path: str, overrides: list[str] | tuple[str, ...] = ()) -> Recipe:
     """Loads, overrides and validates a recipe. Raises RecipeError with a one-paragraph message."""
     path = resolve_path(name_or_path)
+    text = _read_text(path)
     try:
-        with open(path, encoding="utf-8") as f:
-            raw = yaml.safe_load(f)
+        raw = yaml.load(text, Loader=_StrictLoader)
     except yaml.YAMLError as error:
-        raise RecipeError(f"{path}: not valid YAML: {error}. Fix: check indentation and `key: value` syntax.") from None
+        raise RecipeError(
+            f"{path}: not valid YAML: {_yaml_problem(error)}. Fix: check indentation and `key: value` syntax."
+        ) from None
+    except RecursionError:
+        raise RecipeError(
+            f"{path}: not a recipe: its YAML is nested too deeply. Fix: pass the recipe's YAML file."
+        ) from None
     if raw is None:
-        raw = {}
+        raise RecipeError(
+            f"{path}: the file is empty (or only comments). Fix: a recipe needs sections model, data and train "
+            "(and optionally runtime); see recipes/digits_cnn.yaml."
+        )
     if isinstance(raw, dict):
         for override in overrides:
             apply_override(raw, override, path)
