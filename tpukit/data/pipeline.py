@@ -157,6 +157,7 @@ def training_batches(
     prefetch_batches: int | None = None,
     private_threadpool_size: int = 0,
     skip_steps: int = 0,
+    steps_per_epoch: int | None = None,
 ) -> tf.data.Dataset:
     """Shuffled, repeated, per-replica batches with `drop_remainder=True`, so every dimension is static.
 
@@ -173,21 +174,53 @@ def training_batches(
         feature_dtype: cast floating features to this dtype on the host (the compute dtype, e.g. bfloat16).
         prefetch_batches: batches to prefetch (None: AUTOTUNE).
         private_threadpool_size: see `options`.
-        skip_steps: global steps already trained (a resumed run): their batches are skipped, so with
-            `deterministic=True` the run sees exactly the data an uninterrupted run would.
+        skip_steps: global steps already trained (a resumed run): the data starts where an uninterrupted run
+            would be after that many steps (with `deterministic=True`, exactly the same batches).
+        steps_per_epoch: global steps per epoch. When given (tpukit's trainer), every epoch is a fresh shuffle whose
+            seed folds in the epoch number, so epoch `e` has the same order whether or not the run was restarted,
+            and a resume at step `s` reads only the `s % steps_per_epoch` batches already trained in its epoch.
+            Without it, one shuffle is repeated (and `skip_steps` batches are read and dropped).
     """
     batch = per_replica_batch_size(global_batch_size, input_context)
+    per_step = _replicas_per_pipeline(input_context)  # per-replica batches this pipeline gives each global step
     examples = maybe_cache(examples, cache, name="training examples")
-    if shuffle_buffer > 1:
-        examples = examples.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-    if repeat:
-        examples = examples.repeat()
-    batches = examples.batch(batch, drop_remainder=True, num_parallel_calls=AUTOTUNE)
+    if steps_per_epoch and repeat:
+        batches = _epochs(examples, batch, steps_per_epoch * per_step, shuffle_buffer, seed, skip_steps // steps_per_epoch)
+        skip_steps %= steps_per_epoch
+    else:
+        if shuffle_buffer > 1:
+            examples = examples.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+        if repeat:
+            examples = examples.repeat()
+        batches = examples.batch(batch, drop_remainder=True, num_parallel_calls=AUTOTUNE)
     if skip_steps:
-        # Each global step takes one per-replica batch per replica this pipeline feeds.
-        batches = batches.skip(skip_steps * _replicas_per_pipeline(input_context))
+        batches = batches.skip(skip_steps * per_step)
     batches = cast_floats(batches, feature_dtype)
     return batches.prefetch(_prefetch(prefetch_batches)).with_options(options(deterministic, private_threadpool_size))
+
+
+def _epochs(
+    examples: tf.data.Dataset, batch: int, batches_per_epoch: int, shuffle_buffer: int, seed: int | None, first_epoch: int
+) -> tf.data.Dataset:
+    """Epochs `first_epoch, first_epoch + 1, ...` of `batches_per_epoch` batches each, epoch `e` shuffled with a seed
+    that depends only on (`seed`, `e`): the same order with or without restarts, and no epoch read to reach another.
+    Each epoch starts a fresh pass (an epoch longer than the data repeats it), so a remainder is dropped per epoch."""
+
+    def epoch(number):
+        ordered = examples
+        if shuffle_buffer > 1 and seed is not None:
+            # The order depends on (seed, epoch) only. With a global seed set (keras.utils.set_random_seed) TF
+            # combines it with the op seed and, for a global seed of 0, tests the tensor seed in Python ("Using a
+            # symbolic tf.Tensor as a Python bool"); this function's own graph gets no global seed instead.
+            tf.compat.v1.get_default_graph().seed = None
+            ordered = ordered.shuffle(
+                shuffle_buffer, seed=tf.constant(seed, tf.int64) * 1_000_003 + number, reshuffle_each_iteration=True
+            )
+        elif shuffle_buffer > 1:
+            ordered = ordered.shuffle(shuffle_buffer, seed=None, reshuffle_each_iteration=True)
+        return ordered.repeat().batch(batch, drop_remainder=True, num_parallel_calls=AUTOTUNE).take(batches_per_epoch)
+
+    return tf.data.Dataset.range(first_epoch, tf.int64.max).flat_map(epoch)
 
 
 def _replicas_per_pipeline(input_context: tf.distribute.InputContext | None) -> int:
@@ -206,6 +239,12 @@ def eval_steps(num_examples: int, global_batch_size: int, num_input_pipelines: i
     return math.ceil(math.ceil(num_examples / num_input_pipelines) / per_pipeline_batch)
 
 
+def padded_eval_steps(num_examples: int, global_batch_size: int, num_input_pipelines: int, steps_per_execution: int) -> int:
+    """`eval_steps` rounded up to whole executions of `steps_per_execution` steps (the extra batches weigh zero)."""
+    steps = eval_steps(num_examples, global_batch_size, num_input_pipelines)
+    return -(-steps // steps_per_execution) * steps_per_execution
+
+
 def eval_batches(
     examples: tf.data.Dataset,
     num_examples: int,
@@ -217,6 +256,7 @@ def eval_batches(
     prefetch_batches: int | None = None,
     private_threadpool_size: int = 0,
     repeat: bool = False,
+    steps: int | None = None,
 ) -> tf.data.Dataset:
     """Per-replica `(features, label, weight)` batches that see every example exactly once, with static shapes.
 
@@ -226,12 +266,18 @@ def eval_batches(
     than `ceil(num_examples / num_input_pipelines)` examples, which example-level sharding (`shard`) guarantees.
     `repeat=True` repeats the padded passes: needed for Keras' validation inside `fit`, whose cached iterator
     sizes a distributed dataset by its per-replica batch count and would run dry at the second validation; pass
-    `steps=eval_steps(...)` so each evaluation is exactly one pass. Other arguments are as in `training_batches`.
+    `steps=eval_steps(...)` so each evaluation is exactly one pass. `steps` (global steps per pass, at least
+    `eval_steps(...)`) pads each pass with whole zero-weight batches: `evaluate` with `steps_per_execution` > 1 runs
+    whole executions only, so a pass must be a multiple of it (`padded_eval_steps`). Other arguments are as in
+    `training_batches`.
     """
     batch = per_replica_batch_size(global_batch_size, input_context)
     pipelines = input_context.num_input_pipelines if input_context else 1
     replicas_per_pipeline = _replicas_per_pipeline(input_context)
-    batches = eval_steps(num_examples, batch * replicas_per_pipeline * pipelines, pipelines) * replicas_per_pipeline
+    needed = eval_steps(num_examples, batch * replicas_per_pipeline * pipelines, pipelines)
+    if steps is not None and steps < needed:
+        raise ValueError(f"steps={steps} is fewer than the {needed} eval steps that cover {num_examples} examples")
+    batches = (steps or needed) * replicas_per_pipeline
 
     def with_weight(weight):
         # Shaped like the label, so per-token losses ([B, T] labels of a language model) are weighted too.
