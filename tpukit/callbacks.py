@@ -4,6 +4,7 @@ examples/s, steps/s). Steps are counted with `optimizer.iterations`, so they sta
 
 from __future__ import annotations
 
+import math
 import os
 import time
 
@@ -114,3 +115,55 @@ class TrainingScalars(_ExcludesValidation):
         self._writer.flush()
         self._last = (now, step)
         self._validation_seconds = 0.0
+
+
+def _stored(variable) -> float | None:
+    value = float(variable.numpy())
+    return None if math.isnan(value) else value
+
+
+class ResumableEarlyStopping(keras.callbacks.EarlyStopping):
+    """`EarlyStopping` whose best value, wait count and stop flag live in the checkpoint's `RunState`.
+
+    Keras resets them in `on_train_begin`, i.e. at every `fit` segment (each resume, NaN rollback or mid-epoch
+    restart): patience would restart and a finished early-stopped run would train again when rerun.
+    """
+
+    def __init__(self, state, **kwargs):
+        super().__init__(**kwargs)
+        self.state = state
+
+    def on_train_begin(self, logs=None):
+        super().on_train_begin(logs)
+        best = _stored(self.state.early_stopping_best)
+        if best is not None:
+            self.best = best
+        self.wait = int(self.state.early_stopping_wait.numpy())
+
+    def on_epoch_end(self, epoch, logs=None):
+        super().on_epoch_end(epoch, logs)
+        if self.best is not None and math.isfinite(self.best):
+            self.state.early_stopping_best.assign(self.best)
+        self.state.early_stopping_wait.assign(self.wait)
+        if self.stopped_epoch == epoch and self.model.stop_training:
+            self.state.stopped_early.assign(True)
+
+
+class ResumableModelCheckpoint(keras.callbacks.ModelCheckpoint):
+    """`ModelCheckpoint(save_best_only=True)` whose best value is restored from the checkpoint's `RunState`, so the
+    first epoch after a restart cannot overwrite `best.keras` with a worse model."""
+
+    def __init__(self, state, filepath, **kwargs):
+        super().__init__(filepath, save_best_only=True, **kwargs)
+        self.state = state
+
+    def on_train_begin(self, logs=None):
+        super().on_train_begin(logs)
+        best = _stored(self.state.export_best)
+        if best is not None:
+            self.best = best
+
+    def on_epoch_end(self, epoch, logs=None):
+        super().on_epoch_end(epoch, logs)
+        if self.best is not None and math.isfinite(self.best):
+            self.state.export_best.assign(self.best)

@@ -1,14 +1,25 @@
-"""Checkpoints of the model, optimizer, step and RNG state with `tf.train.Checkpoint` + `CheckpointManager`.
+"""Checkpoints of the model, optimizer, step, RNG and run state with `tf.train.Checkpoint` + `CheckpointManager`.
 
 The optimizer's step counter (`optimizer.iterations`) is the step: restoring it is what lets a re-run of the
 same command resume where the last one stopped. Keras 3 keeps each Dropout's `SeedGenerator` state in
 `non_trainable_variables` but not in the object graph `tf.train.Checkpoint(model=...)` walks, so without saving it
 explicitly a resumed run draws different dropout masks than an uninterrupted one (measured: 1.6e-2 weight drift).
+
+`RunState` holds what the trainer must carry across restarts besides the weights: the data skipped after NaN
+rollbacks, early stopping's best value, wait count and stop flag, and the best value `best.keras` was exported at.
+
+A process can die at any instruction (SIGKILL, out of memory, a lost VM), and a disk can hand back a damaged file:
+`restore` tries the newest checkpoint first and falls back to the previous complete one, saying so; it never
+silently starts from scratch over a directory that holds checkpoints.
 """
 
 from __future__ import annotations
 
+import glob
 import logging
+import math
+import os
+import re
 
 import tensorflow as tf
 
@@ -17,6 +28,16 @@ logger = logging.getLogger("tpukit")
 
 class CheckpointMismatchError(ValueError):
     """The checkpoint in the output directory does not fit the model the recipe builds."""
+
+
+class CheckpointCorruptError(ValueError):
+    """No checkpoint in the directory could be read (all are incomplete or damaged)."""
+
+
+# What a damaged or truncated checkpoint raises on restore (measured with TF 2.21: a truncated .data file raises
+# DataLossError or OutOfRangeError, a truncated .index a bare OpError "file is too short to be an sstable" or
+# "IndexError: Read less bytes than requested"). A model that does not fit raises AssertionError or ValueError.
+_READ_ERRORS = (tf.errors.OpError, IndexError, OSError)
 
 
 def rng_variables(model) -> list:
@@ -34,36 +55,111 @@ def io_options(device: str | None) -> tf.train.CheckpointOptions | None:
     return tf.train.CheckpointOptions(experimental_io_device=device)
 
 
+class RunState(tf.Module):
+    """Trainer state saved with every checkpoint (plain host variables, created outside any strategy scope)."""
+
+    def __init__(self):
+        super().__init__(name="tpukit_run_state")
+        with tf.init_scope(), tf.device("/cpu:0"):
+            # Steps of data skipped after NaN rollbacks: the data position is `step + skipped_steps`.
+            self.skipped_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped_steps")
+            # NaN: nothing recorded yet.
+            self.early_stopping_best = tf.Variable(math.nan, dtype=tf.float64, trainable=False, name="es_best")
+            self.early_stopping_wait = tf.Variable(0, dtype=tf.int64, trainable=False, name="es_wait")
+            self.stopped_early = tf.Variable(False, trainable=False, name="stopped_early")
+            self.export_best = tf.Variable(math.nan, dtype=tf.float64, trainable=False, name="export_best")
+
+
+def all_finite(variables) -> bool:
+    """True when every floating-point variable holds only finite values (checked on its device, one bool back)."""
+    checks = [tf.reduce_all(tf.math.is_finite(v)) for v in variables if tf.as_dtype(v.dtype).is_floating]
+    return bool(tf.reduce_all(checks)) if checks else True
+
+
+def _number(path: str) -> int:
+    match = re.search(r"-(\d+)$", path)
+    return int(match.group(1)) if match else -1
+
+
 class Checkpointer:
     def __init__(self, directory: str, model, optimizer, max_to_keep: int = 3, options=None):
+        self.directory = directory
         self.model = model
         self.optimizer = optimizer
         self.options = options
-        self.checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, rng=rng_variables(model))
+        self.state = RunState()
+        self.checkpoint = tf.train.Checkpoint(
+            model=model, optimizer=optimizer, rng=rng_variables(model), run_state=self.state
+        )
         self.manager = tf.train.CheckpointManager(self.checkpoint, directory, max_to_keep=max_to_keep)
 
     @property
     def step(self) -> int:
         return int(self.optimizer.iterations.numpy())
 
+    @property
+    def data_position(self) -> int:
+        """Steps of data consumed: the step plus the batches skipped after NaN rollbacks."""
+        return self.step + int(self.state.skipped_steps.numpy())
+
+    def candidates(self) -> list[str]:
+        """Checkpoint prefixes in the directory, newest first: the manager's list, and any other `ckpt-N.index`
+        (the manager's state file is itself a file that a crash or a disk can damage)."""
+        try:
+            listed = list(self.manager.checkpoints)
+        except Exception:  # noqa: BLE001 (a damaged state file: fall back to the files themselves)
+            listed = []
+        found = [p[: -len(".index")] for p in glob.glob(os.path.join(self.directory, "ckpt-*.index"))]
+        return sorted(set(listed) | set(found), key=_number, reverse=True)
+
     def restore(self, path: str | None = None) -> int:
-        """Restores `path` (default: the newest checkpoint), if any, and returns its step (0 when none)."""
-        path = path or self.manager.latest_checkpoint
-        if not path:
-            return 0
+        """Restores `path`, else the newest readable checkpoint, and returns its step (0 when there is none).
+
+        Raises:
+            CheckpointMismatchError: the checkpoint does not fit this model.
+            CheckpointCorruptError: `path` (or every checkpoint in the directory) cannot be read.
+        """
         # Keras creates optimizer slots lazily; build them (inside the strategy scope, by the caller) so the
         # restore fills them now and a mismatch is reported now, not at the first step.
         self.optimizer.build(self.model.trainable_variables)
+        candidates = [path] if path else self.candidates()
+        if not candidates:
+            return 0
+        failures = []
+        for candidate in candidates:
+            try:
+                self._restore_one(candidate)
+            except _READ_ERRORS as error:
+                failures.append(f"{candidate} ({type(error).__name__}: {str(error).splitlines()[0][:200]})")
+                logger.warning(
+                    "tpukit: checkpoint %s is incomplete or damaged (%s)%s", candidate, type(error).__name__,
+                    "; trying the previous one" if candidate != candidates[-1] else "",
+                )
+                continue
+            if failures:
+                logger.warning(
+                    "tpukit: resumed from %s (step %d) because the newer checkpoint(s) could not be read: %s",
+                    candidate, self.step, "; ".join(failures),
+                )
+            else:
+                logger.info("tpukit: restored %s at step %d", candidate, self.step)
+            return self.step
+        raise CheckpointCorruptError(
+            f"no checkpoint in {os.path.dirname(candidates[0])} could be read: {'; '.join(failures)}. Fix: restore "
+            "the files from a backup, or delete that directory (or pass a new --output_dir) to start over."
+        )
+
+    def _restore_one(self, path: str) -> None:
+        if not tf.io.gfile.exists(path + ".index"):
+            raise OSError(f"{path}.index is missing")
         try:
             self.checkpoint.restore(path, options=self.options).assert_existing_objects_matched()
-        except (AssertionError, ValueError, tf.errors.InvalidArgumentError, tf.errors.NotFoundError) as error:
+        except (AssertionError, ValueError) as error:
             raise CheckpointMismatchError(
                 f"the checkpoint {path} does not match the model this recipe builds ({type(error).__name__}: "
                 f"{str(error)[:300]}). Fix: use a new --output_dir for a changed model, or delete that directory "
                 "to start over."
             ) from None
-        logger.info("tpukit: restored %s at step %d", path, self.step)
-        return self.step
 
     def save(self) -> str:
         path = self.manager.save(checkpoint_number=self.step, options=self.options)

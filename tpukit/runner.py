@@ -37,7 +37,7 @@ def count_examples(recipe: Recipe, split: str) -> int:
     return count
 
 
-def _input_fns(recipe: Recipe, eval_examples: int):
+def _input_fns(recipe: Recipe, eval_examples: int, steps_per_epoch: int):
     import keras
 
     from tpukit import data
@@ -59,6 +59,7 @@ def _input_fns(recipe: Recipe, eval_examples: int):
         return examples, config.cache and "cache" not in reserved
 
     def train_fn(input_context, skip_steps=0):
+        """Training batches positioned after `skip_steps` steps of data, each epoch in its own seeded order."""
         examples, cache = examples_and_cache(config.train_split, input_context, training=True)
         return data.training_batches(
             examples,
@@ -69,13 +70,15 @@ def _input_fns(recipe: Recipe, eval_examples: int):
             cache=cache,
             deterministic=config.deterministic,
             skip_steps=skip_steps,
+            steps_per_epoch=steps_per_epoch,
             **pipeline_knobs,
         )
 
-    def eval_fn(input_context):
+    def eval_fn(input_context, steps):
         examples, cache = examples_and_cache(config.eval_split, input_context, training=False)
         return data.eval_batches(
-            examples, eval_examples, eval_batch_size(recipe), input_context, cache=cache, repeat=True, **pipeline_knobs
+            examples, eval_examples, eval_batch_size(recipe), input_context, cache=cache, repeat=True, steps=steps,
+            **pipeline_knobs,
         )
 
     return train_fn, eval_fn
@@ -173,7 +176,7 @@ def _verbose(setting) -> int:
     return setting
 
 
-def _callbacks(recipe: Recipe, output_dir: str, throughput, steps_per_execution: int, remote_io: bool):
+def _callbacks(recipe: Recipe, output_dir: str, throughput, steps_per_execution: int, remote_io: bool, state):
     import keras
 
     from tpukit import callbacks
@@ -196,14 +199,15 @@ def _callbacks(recipe: Recipe, output_dir: str, throughput, steps_per_execution:
         result.append(keras.callbacks.TensorBoard(log_dir, profile_batch=profile))
     if recipe.train.early_stopping_patience is not None:
         result.append(
-            keras.callbacks.EarlyStopping(
-                monitor=recipe.train.early_stopping_metric, patience=recipe.train.early_stopping_patience, verbose=1
+            callbacks.ResumableEarlyStopping(
+                state, monitor=recipe.train.early_stopping_metric, patience=recipe.train.early_stopping_patience,
+                verbose=1,
             )
         )
     if recipe.train.export_best_by:
         result.append(
-            keras.callbacks.ModelCheckpoint(
-                os.path.join(output_dir, "best.keras"), monitor=recipe.train.export_best_by, save_best_only=True
+            callbacks.ResumableModelCheckpoint(
+                state, os.path.join(output_dir, "best.keras"), monitor=recipe.train.export_best_by
             )
         )
     return result
@@ -274,6 +278,17 @@ def run(
             )
     if mode == "eval" and not evaluating:
         raise RecipeError(f"{recipe.path}: mode eval needs data.eval_split; received null. Fix: set data.eval_split.")
+    checkpoint_dir = os.path.join(output_dir, "checkpoints")
+    # Cheap checks before the slow work (the auto probe, building and compiling the model).
+    if checkpoint and not tf.io.gfile.exists(checkpoint + ".index"):
+        raise RecipeError(
+            f"--checkpoint {checkpoint!r}: no such checkpoint (expected {checkpoint}.index). Fix: pass a path like "
+            f"{os.path.join(checkpoint_dir, 'ckpt-1000')}, without the .index/.data suffix."
+        )
+    if mode == "eval" and not checkpoint and not tf.io.gfile.glob(os.path.join(checkpoint_dir, "ckpt-*.index")):
+        raise RecipeError(
+            f"mode eval: no checkpoint in {checkpoint_dir}. Fix: train first, or pass the checkpoint path."
+        )
     if recipe.runtime.steps_per_execution != "auto":
         try:
             loop.check_steps_per_execution(recipe.runtime.steps_per_execution, steps_per_epoch)
@@ -293,14 +308,12 @@ def run(
 
     keras.mixed_precision.set_global_policy(precision.value)
     total_steps = steps_per_epoch * recipe.train.epochs
-    checkpoint_dir = os.path.join(output_dir, "checkpoints")
-    train_fn, eval_fn = _input_fns(recipe, eval_examples)
+    train_fn, eval_fn = _input_fns(recipe, eval_examples, steps_per_epoch)
 
-    def train_dataset(step):
-        # Exact replay (deterministic order) re-reads every batch before `step`; otherwise only the interrupted
-        # epoch's share is skipped, so a resume late in a long run does not re-decode all it has seen.
-        skip = step if recipe.data.deterministic else step % steps_per_epoch
-        return data.distribute(strategy, lambda ctx: train_fn(ctx, skip_steps=skip))
+    def train_dataset(position):
+        # Each epoch's order depends only on (seed, epoch): a resume reads just the batches already trained in its
+        # epoch (`data.training_batches`), and with data.deterministic sees exactly an uninterrupted run's data.
+        return data.distribute(strategy, lambda ctx: train_fn(ctx, skip_steps=position))
 
     steps_per_execution = recipe.runtime.steps_per_execution
     if steps_per_execution == "auto" and kind == "multi_worker":
@@ -308,9 +321,11 @@ def run(
             f"{recipe.path}: runtime.steps_per_execution=auto is not supported on a multi-worker cluster (each worker "
             "would time its own steps and could pick a different value). Fix: --set runtime.steps_per_execution=N."
         )
+    if steps_per_execution == "auto" and mode == "eval":
+        steps_per_execution = 1  # nothing trains: no probe (it would build and train a throwaway model)
     if steps_per_execution == "auto":
         # Before seeding, so the model trained below is initialized exactly as with a fixed value.
-        latest = tf.train.latest_checkpoint(checkpoint_dir) if mode != "eval" else None
+        latest = tf.train.latest_checkpoint(checkpoint_dir)
         start = int(latest.rsplit("-", 1)[1]) if latest else 0  # tpukit numbers checkpoints by step
         try:
             steps_per_execution = _probe_steps_per_execution(recipe, strategy, train_dataset, steps_per_epoch, jit.value, start)
@@ -329,15 +344,10 @@ def run(
         checkpoint_dir, model, model.optimizer, recipe.runtime.max_checkpoints_to_keep,
         options=checkpoint_lib.io_options(io_device),
     )
-    if checkpoint and not tf.io.gfile.exists(checkpoint + ".index"):
-        raise RecipeError(
-            f"--checkpoint {checkpoint!r}: no such checkpoint (expected {checkpoint}.index). Fix: pass a path like "
-            f"{os.path.join(checkpoint_dir, 'ckpt-1000')}, without the .index/.data suffix."
-        )
     with strategy.scope():
         try:
             start_step = checkpointer.restore(checkpoint if mode == "eval" else None)
-        except checkpoint_lib.CheckpointMismatchError as error:
+        except (checkpoint_lib.CheckpointMismatchError, checkpoint_lib.CheckpointCorruptError) as error:
             raise RecipeError(str(error)) from None
     left = steps_per_epoch - start_step % steps_per_epoch
     if mode != "eval" and start_step < total_steps and left % steps_per_execution:
@@ -346,10 +356,6 @@ def run(
             f"{recipe.path}: runtime.steps_per_execution={steps_per_execution} does not divide the {left} steps left in "
             f"the epoch this run resumes at (step {start_step}), so the run would overshoot its epochs. Fix: --set "
             f"runtime.steps_per_execution=N with N one of {', '.join(map(str, valid))}."
-        )
-    if mode == "eval" and not checkpointer.manager.latest_checkpoint and not checkpoint:
-        raise RecipeError(
-            f"mode eval: no checkpoint in {checkpoint_dir}. Fix: train first, or pass the checkpoint path."
         )
 
     flops_per_example = flops.model_flops_per_example(model)
@@ -361,10 +367,14 @@ def run(
     os.makedirs(output_dir, exist_ok=True)
     if mode != "eval":
         save_recipe(recipe, os.path.join(output_dir, "recipe.yaml"))
-    eval_steps = data.eval_steps(eval_examples, eval_batch_size(recipe), num_input_pipelines(strategy)) if evaluating else None
+    # Rounded up to whole executions: Keras evaluates whole executions only, and the extra batches weigh zero.
+    eval_steps = (
+        data.padded_eval_steps(eval_examples, eval_batch_size(recipe), num_input_pipelines(strategy), steps_per_execution)
+        if evaluating else None
+    )
 
     def eval_dataset():
-        return data.distribute(strategy, eval_fn)
+        return data.distribute(strategy, lambda ctx: eval_fn(ctx, eval_steps))
 
     throughput = callbacks_lib.Throughput(recipe.data.global_batch_size)
     verbose = _verbose(recipe.runtime.verbose)
@@ -379,7 +389,8 @@ def run(
             checkpointer=checkpointer,
             steps_per_epoch=steps_per_epoch,
             epochs=recipe.train.epochs,
-            callbacks=_callbacks(recipe, output_dir, throughput, steps_per_execution, io_device is not None)
+            callbacks=_callbacks(recipe, output_dir, throughput, steps_per_execution, io_device is not None,
+                                 checkpointer.state)
             + list(callbacks or []),
             checkpoint_every_steps=recipe.runtime.checkpoint_every_steps,
             max_nan_retries=recipe.train.max_nan_retries,
@@ -413,6 +424,8 @@ def run(
         "step": checkpointer.step,
         "resumed_from_step": start_step,
         "nan_rollbacks": outcome.nan_rollbacks,
+        # Data skipped after NaN rollbacks (the window from the restored checkpoint to the step that diverged).
+        "nan_skipped_examples": outcome.skipped_steps * recipe.data.global_batch_size,
         "train": {k: v[-1] for k, v in outcome.history.items() if not k.startswith("val_")},
         "validation": {k: v[-1] for k, v in outcome.history.items() if k.startswith("val_")},
         "eval": evaluation,

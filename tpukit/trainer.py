@@ -8,7 +8,11 @@ every N steps); this module adds the same around an unmodified `model.fit`:
   run interrupted at step k continues at step k, and the dataset skips the k batches already seen;
 * `TrainingGuard` (a callback) saves every `checkpoint_every_steps`, at each epoch end, and on SIGTERM (Colab
   disconnects, preemptible TPU VMs) before stopping cleanly; it stops at the first non-finite loss without saving;
-* after a NaN the loop restores the newest checkpoint and retries, up to `max_nan_retries` times.
+* after a NaN the loop restores the newest checkpoint, skips the batches from that checkpoint to the step that
+  diverged (a retry on the same data with the same dropout draws would diverge again), and retries, up to
+  `max_nan_retries` times; weights that are not finite are never checkpointed, even when the loss was finite;
+* early stopping's state and a finished early stop are kept in the checkpoint (`checkpoint.RunState`), so a
+  restarted or re-run command neither restarts patience nor trains again.
 
 All counting uses `optimizer.iterations`, so it stays right when `steps_per_execution` > 1.
 """
@@ -23,6 +27,8 @@ import signal
 import threading
 
 import keras
+
+from tpukit import checkpoint as checkpoint_lib
 
 logger = logging.getLogger("tpukit")
 
@@ -63,10 +69,18 @@ class TrainingGuard(keras.callbacks.Callback):
             self._previous_handler = None
 
     # -- per execution ----------------------------------------------------------------------------------------------
-    def _save(self):
-        if self.checkpointer.step != self._last_saved:
-            self.checkpointer.save()
-            self._last_saved = self.checkpointer.step
+    def _save(self) -> bool:
+        """Saves unless this step is saved already; returns False (and stops) when the weights are not finite."""
+        if self.checkpointer.step == self._last_saved:
+            return True
+        if not checkpoint_lib.all_finite(self.model.weights):
+            # The loss of this execution was finite, but the update that followed it was not.
+            self.diverged_at = self.checkpointer.step
+            self.model.stop_training = True
+            return False
+        self.checkpointer.save()
+        self._last_saved = self.checkpointer.step
+        return True
 
     def on_train_batch_end(self, batch, logs=None):
         step = self.checkpointer.step
@@ -79,7 +93,8 @@ class TrainingGuard(keras.callbacks.Callback):
             self._sigterm_at = 0
             os.kill(os.getpid(), signal.SIGTERM)
         if self._sigterm:
-            self._save()
+            if not self._save():
+                return
             self.preempted = True
             self.model.stop_training = True
             logger.warning("tpukit: SIGTERM received: saved step %d and stopped; run the same command to resume", step)
@@ -97,6 +112,7 @@ class Outcome:
     status: str  # "done", "preempted", "early_stopped"
     history: dict[str, list[float]]
     nan_rollbacks: int
+    skipped_steps: int = 0  # steps of data skipped after NaN rollbacks, over the whole run (all restarts)
 
 
 def fit_with_recovery(
@@ -117,13 +133,23 @@ def fit_with_recovery(
     """Trains until `epochs * steps_per_epoch` optimizer steps, resuming from `checkpointer.step`.
 
     Args:
-        make_dataset: `make_dataset(step)` returns the training dataset positioned after `step` steps.
+        make_dataset: `make_dataset(position)` returns the training dataset positioned after `position` steps of
+            data (the step plus the steps skipped after NaN rollbacks, `checkpointer.data_position`).
+        callbacks: run in this order, before the `TrainingGuard` that saves (so their state is in the checkpoint).
         validation_data: a zero-argument callable returning the evaluation dataset (fresh for each segment).
     """
     total = steps_per_epoch * epochs
     history: dict[str, list[float]] = {}
     rollbacks = 0
     keras_should_eval = type(model)._should_eval
+    state = checkpointer.state
+
+    def outcome(status):
+        return Outcome(status, history, rollbacks, int(state.skipped_steps.numpy()))
+
+    if bool(state.stopped_early.numpy()):
+        logger.info("tpukit: this run stopped early at step %d; nothing left to train", checkpointer.step)
+        return outcome("early_stopped")
     while checkpointer.step < total:
         step = checkpointer.step
         epoch, offset = divmod(step, steps_per_epoch)
@@ -140,8 +166,8 @@ def fit_with_recovery(
         )
         try:
             result = model.fit(
-                make_dataset(step),
-                callbacks=[guard, *callbacks],
+                make_dataset(checkpointer.data_position),
+                callbacks=[*callbacks, guard],
                 validation_data=validation_data() if validation_data else None,
                 validation_steps=validation_steps,
                 validation_freq=validation_freq,
@@ -166,13 +192,16 @@ def fit_with_recovery(
                     + ". Fix: lower train.learning_rate, add train.warmup_steps, or check the data for NaN/inf."
                 )
             restored = checkpointer.restore()
+            window = max(guard.diverged_at - restored, 1)
+            state.skipped_steps.assign_add(window)
             logger.warning(
-                "tpukit: non-finite loss at step %d: rolled back to step %d (retry %d of %d)",
-                guard.diverged_at, restored, rollbacks, max_nan_retries,
+                "tpukit: non-finite loss or weights at step %d: rolled back to step %d and skipped the %d batch(es) "
+                "of data from there (%d skipped after rollbacks in all; retry %d of %d)",
+                guard.diverged_at, restored, window, int(state.skipped_steps.numpy()), rollbacks, max_nan_retries,
             )
             continue
         if guard.preempted:
-            return Outcome("preempted", history, rollbacks)
+            return outcome("preempted")
         if model.stop_training:  # a callback (early stopping) ended the run
-            return Outcome("early_stopped", history, rollbacks)
-    return Outcome("done", history, rollbacks)
+            return outcome("early_stopped")
+    return outcome("done")
