@@ -7,7 +7,14 @@ import os
 import pytest
 from helpers import run_cli
 
-FAST = ["--set", "train.epochs=1", "--set", "data.global_batch_size=32", "--set", "train.warmup_steps=5"]
+FAST = [
+    "--set",
+    "train.epochs=1",
+    "--set",
+    "data.global_batch_size=32",
+    "--set",
+    "train.warmup_steps=5",
+]
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +39,11 @@ def test_one_epoch_trains_evaluates_and_writes_every_output(trained):
     assert metrics["eval"]["accuracy"] > 0.5  # chance is 0.1
     assert 0 < metrics["eval"]["loss"] < 2.3  # below the untrained log(10)
     assert metrics["examples_per_second"] > 0 and metrics["time_to_first_step_seconds"] > 0
-    assert metrics["jit_compile"] is False and metrics["precision"] == "float32" and metrics["replicas"] == 1
+    assert (
+        metrics["jit_compile"] is False
+        and metrics["precision"] == "float32"
+        and metrics["replicas"] == 1
+    )
     for path in ("recipe.yaml", "model.keras", "checkpoints/checkpoint"):
         assert os.path.isfile(os.path.join(output_dir, path)), path
     assert glob.glob(os.path.join(output_dir, "logs", "train", "events.out.tfevents.*"))
@@ -40,7 +51,10 @@ def test_one_epoch_trains_evaluates_and_writes_every_output(trained):
     assert "tpukit: using _DefaultDistributionStrategy" in result.stderr
     assert "global batch 32 = 1 replica(s) x 32 per replica" in result.stderr
     assert "44/44" in result.stdout
-    assert "tpukit: done (done, step 44). eval accuracy" in result.stdout and "examples/s" in result.stdout
+    assert (
+        "tpukit: done (done, step 44). eval accuracy" in result.stdout
+        and "examples/s" in result.stdout
+    )
 
 
 def test_rerunning_the_same_command_resumes_instead_of_starting_over(trained):
@@ -56,12 +70,37 @@ def test_rerunning_the_same_command_resumes_instead_of_starting_over(trained):
 @pytest.mark.parametrize(
     "args, expected",
     [
-        (["--set", "train.epoch=3"], "unknown key train.epoch (received 3). Did you mean 'epochs'?"),
+        (
+            ["--set", "train.epoch=3"],
+            "unknown key train.epoch (received 3). Did you mean 'epochs'?",
+        ),
         (["--set", "train.epochs=many"], "train.epochs must be an integer; received 'many' (str)"),
-        (["--set", "data.global_batch_size=5000"], "data.global_batch_size=5000 is larger than the 1437 examples"),
-        (["--set", "data.eval_split=validation"], "data: digits: unknown split 'validation'; valid splits: train, test"),
-        (["--mode", "train", "--set", "train.early_stopping_patience=2"], "'val_loss' (train.early_stopping_metric"),
-        (["--mode", "eval", "--checkpoint", "/nonexistent/ckpt-3"], "--checkpoint '/nonexistent/ckpt-3': no such checkpoint"),
+        (
+            ["--set", "data.global_batch_size=5000"],
+            "data.global_batch_size=5000 is larger than the 1437 examples",
+        ),
+        (
+            ["--set", "data.eval_split=validation"],
+            "data: digits: unknown split 'validation'; valid splits: train, test",
+        ),
+        (
+            ["--mode", "train", "--set", "train.early_stopping_patience=2"],
+            "'val_loss' (train.early_stopping_metric",
+        ),
+        (
+            ["--mode", "eval", "--checkpoint", "/nonexistent/ckpt-3"],
+            "--checkpoint '/nonexistent/ckpt-3': no such checkpoint",
+        ),
+        # issue 8: refused at load time, not trained until the NaN guard gives up (exit 1, outputs written)
+        (
+            ["--set", "train.learning_rate=.nan"],
+            "train.learning_rate must be a finite number; received nan",
+        ),
+        (
+            ["--set", "train.trust_coefficient=0.01"],
+            "key train.trust_coefficient (received 0.01) does not apply",
+        ),
+        (["--mode=bogus"], "flag --mode=bogus: value should be one of <train_and_eval|train|eval>"),
     ],
 )
 def test_bad_input_exits_2_with_a_message_and_leaves_outputs_intact(trained, args, expected):
@@ -77,12 +116,26 @@ def test_bad_input_exits_2_with_a_message_and_leaves_outputs_intact(trained, arg
 def test_missing_recipe_file_exits_2(tmp_path):
     result = run_cli("recipes/nope.yaml", "--output_dir", str(tmp_path / "out"))
     assert result.returncode == 2
-    assert "recipe 'recipes/nope.yaml' not found" in result.stderr and "Traceback" not in result.stderr
+    assert (
+        "recipe 'recipes/nope.yaml' not found" in result.stderr and "Traceback" not in result.stderr
+    )
     assert not os.path.exists(tmp_path / "out")
+
+
+def test_a_recipe_that_is_not_utf8_exits_2(tmp_path):
+    recipe = tmp_path / "latin1.yaml"
+    with open("recipes/digits_cnn.yaml", "rb") as f:
+        recipe.write_bytes("# r\u00e9sum\u00e9\n".encode("latin-1") + f.read())
+    result = run_cli(str(recipe), "--output_dir", str(tmp_path / "out"))
+    assert result.returncode == 2
+    assert f"tpukit: error: {recipe}: not UTF-8 text (byte 0xe9 at line 1" in result.stderr
+    assert "Traceback" not in result.stderr and not os.path.exists(tmp_path / "out")
 
 
 def test_rerunning_a_finished_run_keeps_its_training_measurements(trained):
     output_dir, _ = trained
     with open(os.path.join(output_dir, "metrics.json")) as f:
         metrics = json.load(f)
-    assert metrics["examples_per_second"] > 0 and metrics["train"]["loss"] > 0  # from the first, training run
+    assert (
+        metrics["examples_per_second"] > 0 and metrics["train"]["loss"] > 0
+    )  # from the first, training run

@@ -3,25 +3,38 @@
 
 RECIPE is a YAML file, or the name of a recipe shipped with tpukit (e.g. `digits_cnn`). Thin by design: it parses
 flags, loads the recipe and calls `tpukit.run`. Exit status: 0 done, 2 bad recipe or flags (one-paragraph message,
-no traceback), 1 the TPU could not be reached or training diverged, 143 stopped by SIGTERM after saving a
+no traceback, nothing written), 1 the TPU could not be reached or training diverged, 143 stopped by SIGTERM after saving a
 checkpoint (run the same command again to resume).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
 from absl import app, flags
 
 FLAGS = flags.FLAGS
-flags.DEFINE_multi_string("set", [], "Override a recipe key: --set train.epochs=3 (repeatable). Values are YAML.")
-flags.DEFINE_string("output_dir", None, "Where checkpoints, logs, the model and metrics.json go. "
-                    "Default: runs/<recipe name>. Re-running with the same directory resumes.")
-flags.DEFINE_string("tpu", None, "TPU to use: a name, grpc://host:port or 'local' (overrides runtime.tpu).")
-flags.DEFINE_enum("mode", "train_and_eval", ["train_and_eval", "train", "eval"],
-                  "train_and_eval: validate during training and at the end; train: no evaluation; "
-                  "eval: evaluate a checkpoint (--checkpoint, default the newest in --output_dir).")
+flags.DEFINE_multi_string(
+    "set", [], "Override a recipe key: --set train.epochs=3 (repeatable). Values are YAML."
+)
+flags.DEFINE_string(
+    "output_dir",
+    None,
+    "Where checkpoints, logs, the model and metrics.json go. "
+    "Default: runs/<recipe name>. Re-running with the same directory resumes.",
+)
+flags.DEFINE_string(
+    "tpu", None, "TPU to use: a name, grpc://host:port or 'local' (overrides runtime.tpu)."
+)
+flags.DEFINE_enum(
+    "mode",
+    "train_and_eval",
+    ["train_and_eval", "train", "eval"],
+    "train_and_eval: validate during training and at the end; train: no evaluation; "
+    "eval: evaluate a checkpoint (--checkpoint, default the newest in --output_dir).",
+)
 flags.DEFINE_string("checkpoint", None, "For --mode=eval: the checkpoint to evaluate.")
 
 EXIT_PREEMPTED = 128 + 15  # the shell's code for "terminated by SIGTERM"
@@ -29,7 +42,10 @@ EXIT_PREEMPTED = 128 + 15  # the shell's code for "terminated by SIGTERM"
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
-        print("usage: python -m tpukit.train RECIPE [--set section.key=value ...] [--output_dir DIR]", file=sys.stderr)
+        print(
+            "usage: python -m tpukit.train RECIPE [--set section.key=value ...] [--output_dir DIR]",
+            file=sys.stderr,
+        )
         return 2
     from absl import logging as absl_logging
 
@@ -41,7 +57,8 @@ def main(argv: list[str]) -> int:
     enable_logging()
     overrides = list(FLAGS.set)
     if FLAGS.tpu:
-        overrides.append(f"runtime.tpu={FLAGS.tpu}")
+        # Quoted (JSON is YAML): --set values are parsed as YAML, and a TPU named `yes`, `null` or `1234` is a name.
+        overrides.append(f"runtime.tpu={json.dumps(FLAGS.tpu)}")
     try:
         recipe = load_recipe(argv[1], overrides)
         name = os.path.splitext(os.path.basename(recipe.path))[0]
@@ -59,8 +76,10 @@ def main(argv: list[str]) -> int:
         print(f"tpukit: error: {error}", file=sys.stderr)
         return 2
     if metrics["status"] == "preempted":
-        print(f"tpukit: stopped by SIGTERM at step {metrics['step']} (checkpoint saved in {output_dir}); "
-              "run the same command again to resume.")
+        print(
+            f"tpukit: stopped by SIGTERM at step {metrics['step']} (checkpoint saved in {output_dir}); "
+            "run the same command again to resume."
+        )
         return EXIT_PREEMPTED
     summary = ", ".join(f"eval {k} {v:.4f}" for k, v in metrics["eval"].items()) or "no evaluation"
     speed = metrics["examples_per_second"]
@@ -72,8 +91,21 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl's flag parsing, but a bad flag exits 2 like every other bad input (absl's own parser exits 1)."""
+    try:
+        return FLAGS(argv)
+    except flags.Error as error:
+        message = " ".join(str(error).split()).rstrip(".")
+        print(
+            f"tpukit: error: {message}. Fix: see `python -m tpukit.train --helpshort`.",
+            file=sys.stderr,
+        )
+        sys.exit(2)
+
+
 def entry_point() -> None:
-    app.run(lambda argv: sys.exit(main(argv)))
+    app.run(lambda argv: sys.exit(main(argv)), flags_parser=parse_flags)
 
 
 if __name__ == "__main__":
