@@ -1,15 +1,16 @@
 """Import-time checks: Keras must run on the TensorFlow backend, and TensorFlow must be in the tested range.
 
-TPU hosts run the `tensorflow-tpu` wheel, which lags the CPU wheel by a release (2.20 while CPU is at 2.21), so
-tpukit supports a range rather than one version. The range is declared here and in setup.cfg's extras.
+TPU hosts run the `tensorflow-tpu` wheel, which stopped at 2.19.1 for Keras (and 2.18 on Google's TPU VM images)
+while the CPU wheel is at 2.21, so tpukit supports a range rather than one version. The range is every TensorFlow
+minor in `tpukit.versions.COMBINATIONS` (where each row says where its knowledge comes from); setup.cfg's
+`tensorflow` extra declares the same range.
 """
 
 from __future__ import annotations
 
 import os
 
-MIN_TF = (2, 19)
-MAX_TF_EXCLUSIVE = (2, 22)
+from tpukit.versions import MAX_TF_EXCLUSIVE, MIN_TF
 
 
 def _ensure_tensorflow_backend() -> None:
@@ -45,7 +46,8 @@ def check_tensorflow() -> str:
     if not (MIN_TF <= _version_tuple(version) < MAX_TF_EXCLUSIVE):
         raise ImportError(
             f"tpukit supports TensorFlow >= {low} and < {high}; received tensorflow {version}. Fix: "
-            f"`pip install 'tensorflow>={low},<{high}'` (or 'tensorflow-tpu' in that range on a TPU VM)."
+            f"`pip install 'tensorflow>={low},<{high}'` on CPU/GPU, or on a TPU VM the build in tpukit/versions.py "
+            "(`python -m tpukit.doctor` prints the command), then restart the runtime."
         )
     import keras
 
