@@ -91,7 +91,18 @@ class Checkpointer:
         self.checkpoint = tf.train.Checkpoint(
             model=model, optimizer=optimizer, rng=rng_variables(model), run_state=self.state
         )
-        self.manager = tf.train.CheckpointManager(self.checkpoint, directory, max_to_keep=max_to_keep)
+        try:
+            self.manager = tf.train.CheckpointManager(self.checkpoint, directory, max_to_keep=max_to_keep)
+        except (tf.errors.OpError, UnicodeDecodeError, ValueError) as error:
+            # The manager's state file (`checkpoint`) is damaged. It only lists the checkpoints, which `candidates`
+            # finds by name as well: keep the damaged file for inspection and let the manager write a new one.
+            state_file = os.path.join(directory, "checkpoint")
+            logger.warning(
+                "tpukit: %s is damaged (%s); moved it to %s.damaged and listing the checkpoints by file name",
+                state_file, type(error).__name__, state_file,
+            )
+            tf.io.gfile.rename(state_file, state_file + ".damaged", overwrite=True)
+            self.manager = tf.train.CheckpointManager(self.checkpoint, directory, max_to_keep=max_to_keep)
 
     @property
     def step(self) -> int:
@@ -105,10 +116,7 @@ class Checkpointer:
     def candidates(self) -> list[str]:
         """Checkpoint prefixes in the directory, newest first: the manager's list, and any other `ckpt-N.index`
         (the manager's state file is itself a file that a crash or a disk can damage)."""
-        try:
-            listed = list(self.manager.checkpoints)
-        except Exception:  # noqa: BLE001 (a damaged state file: fall back to the files themselves)
-            listed = []
+        listed = list(self.manager.checkpoints)
         found = [p[: -len(".index")] for p in glob.glob(os.path.join(self.directory, "ckpt-*.index"))]
         return sorted(set(listed) | set(found), key=_number, reverse=True)
 

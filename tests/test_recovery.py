@@ -1,0 +1,327 @@
+"""Issue 8: counts that are exact at any steps_per_execution, recoveries that move forward, resume after any crash.
+
+Each test here failed on the trainer before issue 8: eval counted the start of the next pass at steps_per_execution
+> 1, a resume replayed epoch 0's order, a NaN rollback retried the same batch, early stopping restarted at every fit
+segment, non-finite weights were checkpointed, and a damaged newest checkpoint ended the rerun in a traceback.
+"""
+
+import glob
+import json
+import logging
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import mirrored
+from helpers import digits_recipe, run_cli
+
+import tpukit  # noqa: F401  (registers tpukit classes for load_model)
+from tpukit import checkpoint as checkpoint_lib
+from tpukit import data, trainer
+from tpukit.recipe import RecipeError, from_dict
+from tpukit.runner import run
+
+
+def recipe(**overrides):
+    base = {"train.epochs": 1, "data.global_batch_size": 32, "train.warmup_steps": 5, "runtime.verbose": 0,
+            "data.deterministic": True}
+    return from_dict(digits_recipe(**{**base, **overrides}), "digits_cnn.yaml")
+
+
+def exported_counts(output_dir):
+    """Accuracy and mean cross-entropy over the 360 test digits, example by example, from the exported model."""
+    from tpukit.data.sources import _digits_split
+
+    x, y = _digits_split("test", 0.2)
+    logits = keras.saving.load_model(os.path.join(output_dir, "model.keras")).predict(x, verbose=0).astype(np.float64)
+    shifted = logits - logits.max(1, keepdims=True)
+    log_probs = shifted - np.log(np.exp(shifted).sum(1, keepdims=True))
+    return int((logits.argmax(1) == y).sum()), float(-log_probs[np.arange(len(y)), y].mean())
+
+
+# ---- exact eval at steps_per_execution > 1 ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_eval_is_exact_when_eval_steps_do_not_divide_by_steps_per_execution(tmp_path, replicas):
+    # 360 test images / 32 = 12 eval steps; steps_per_execution 11 (a divisor of the 44-step epoch) does not
+    # divide 12: Keras runs 2 whole executions (22 batches) over a repeated eval dataset.
+    strategy = mirrored(2) if replicas == 2 else None
+    metrics = run(recipe(**{"runtime.steps_per_execution": 11}), str(tmp_path), strategy=strategy)
+    assert metrics["steps_per_execution"] == 11 and metrics["eval_examples"] == 360
+    correct, cross_entropy = exported_counts(str(tmp_path))
+    assert metrics["eval"]["accuracy"] * 360 == pytest.approx(correct, abs=1e-3)
+    assert metrics["eval"]["cross_entropy"] == pytest.approx(cross_entropy, abs=1e-4)
+    assert metrics["validation"]["val_accuracy"] == pytest.approx(metrics["eval"]["accuracy"], abs=1e-6)
+
+
+def test_padded_eval_steps_are_whole_executions_and_the_padding_weighs_nothing():
+    assert data.padded_eval_steps(360, 32, 1, 11) == 22
+    assert data.padded_eval_steps(360, 32, 1, 1) == 12
+    ids = np.arange(10, dtype=np.int32)
+    batches = data.eval_batches(tf.data.Dataset.from_tensor_slices((ids[:, None].astype("float32"), ids)), 10, 4,
+                                steps=5)
+    weights = [w.numpy() for _, _, w in batches]
+    assert len(weights) == 5 and sum(w.sum() for w in weights) == 10
+    with pytest.raises(ValueError, match="steps=2 is fewer than the 3 eval steps"):
+        data.eval_batches(tf.data.Dataset.from_tensor_slices((ids[:, None].astype("float32"), ids)), 10, 4, steps=2)
+
+
+# ---- resume order -------------------------------------------------------------------------------------------------
+
+
+def _labels(dataset, batches):
+    return [b[1].numpy().tolist() for b in dataset.take(batches)]
+
+
+def _examples(n, counter=None):
+    ids = np.arange(n, dtype=np.int64)
+    examples = tf.data.Dataset.from_tensor_slices((ids[:, None].astype("float32"), ids))
+    if counter is not None:  # counts examples read from the source
+        examples = examples.map(lambda x, y: (x, y + 0 * counter.assign_add(1)))
+    return examples
+
+
+def test_every_epoch_has_its_own_order_and_a_resume_continues_it_exactly():
+    def stream(skip):
+        return data.training_batches(_examples(40), 8, shuffle_buffer=40, seed=3, cache=False, deterministic=True,
+                                     steps_per_epoch=5, skip_steps=skip)
+
+    whole = _labels(stream(0), 20)  # 4 epochs of 5 steps
+    epochs = [sorted(sum(whole[e * 5:(e + 1) * 5], [])) for e in range(4)]
+    assert all(e == list(range(40)) for e in epochs)  # each epoch is one pass
+    assert len({tuple(sum(whole[e * 5:(e + 1) * 5], [])) for e in range(4)}) == 4  # four different orders
+    for skip in (3, 5, 12, 17):  # mid-epoch and epoch boundaries, in later epochs too
+        assert _labels(stream(skip), 20 - skip) == whole[skip:], skip
+
+
+def test_a_resume_reads_only_the_batches_already_trained_in_its_epoch():
+    counter = tf.Variable(0, dtype=tf.int64)
+    resumed = data.training_batches(_examples(40, counter), 8, shuffle_buffer=1, cache=False, deterministic=True,
+                                    steps_per_epoch=5, skip_steps=3 * 5 + 2, prefetch_batches=0)
+    next(iter(resumed))
+    # Epochs 0-2 are not read at all; in epoch 3, the 2 skipped batches and the first one taken (3 x 8), plus at most
+    # one batch that tf.data reads ahead. Replaying from step 0 would read 18 batches (144 examples).
+    assert 3 * 8 <= int(counter.numpy()) <= 4 * 8
+
+
+def test_sigterm_resume_without_deterministic_data_keeps_every_epochs_order(tmp_path, monkeypatch):
+    # The data order of a resumed run equals the uninterrupted run's: same final weights (shuffle_buffer 1 makes
+    # parallel map order the only difference, so data.deterministic=false still reads the same batches).
+    overrides = {"train.epochs": 3, "data.deterministic": False}
+    run(recipe(**overrides), str(tmp_path / "whole"))
+    monkeypatch.setenv("TPUKIT_TEST_SIGTERM_AT_STEP", "60")
+    assert run(recipe(**overrides), str(tmp_path / "cut"))["status"] == "preempted"
+    monkeypatch.delenv("TPUKIT_TEST_SIGTERM_AT_STEP")
+    assert run(recipe(**overrides), str(tmp_path / "cut"))["resumed_from_step"] == 60
+    whole = keras.saving.load_model(str(tmp_path / "whole" / "model.keras")).get_weights()
+    cut = keras.saving.load_model(str(tmp_path / "cut" / "model.keras")).get_weights()
+    for a, b in zip(whole, cut, strict=True):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
+
+
+# ---- NaN rollback that moves forward --------------------------------------------------------------------------------
+
+
+def _tiny_model():
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2)])
+    model.compile(optimizer=keras.optimizers.SGD(0.01),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def test_a_nan_caused_by_a_batch_is_skipped_after_the_rollback(tmp_path):
+    # Batch 15 of the data holds a NaN. Retrying from step 10 on the same data would hit it every time.
+    features = np.ones((64, 4, 2), "float32")
+    features[15] = np.nan
+    labels = np.zeros((64, 4), "int64")
+    batches = tf.data.Dataset.from_tensor_slices((features, labels))
+    model = _tiny_model()
+    checkpointer = checkpoint_lib.Checkpointer(str(tmp_path), model, model.optimizer)
+    positions = []
+
+    def make_dataset(position):
+        positions.append(position)
+        return batches.skip(position)
+
+    outcome = trainer.fit_with_recovery(
+        model, make_dataset, checkpointer=checkpointer, steps_per_epoch=20, epochs=2, callbacks=[],
+        checkpoint_every_steps=10, max_nan_retries=1, verbose=0,
+    )
+    assert outcome.status == "done" and outcome.nan_rollbacks == 1
+    assert outcome.skipped_steps == 6  # steps 10..15: from the checkpoint to the batch that diverged
+    # The retry starts after the bad batch, at step 10; the next epoch's segment continues 6 batches ahead.
+    assert positions == [0, 16, 26]
+    assert checkpointer.step == 40 and checkpointer.data_position == 46
+    assert checkpoint_lib.all_finite(model.weights)
+    # The skipped window is in the checkpoint: a new process resumes at the same data position.
+    again = _tiny_model()
+    restored = checkpoint_lib.Checkpointer(str(tmp_path), again, again.optimizer)
+    assert restored.restore() == 40 and restored.data_position == 46
+
+
+class PoisonWeights(keras.callbacks.Callback):
+    """Sets the logits kernel to NaN at the end of step `at`, once: the loss of that step was finite."""
+
+    def __init__(self, at):
+        super().__init__()
+        self.at, self.fired = at, 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        if int(self.model.optimizer.iterations.numpy()) == self.at and not self.fired:
+            kernel = self.model.get_layer("logits").kernel
+            kernel.assign(np.full(kernel.shape, np.nan, dtype="float32"))
+            self.fired += 1
+
+
+def test_weights_that_are_not_finite_are_never_checkpointed(tmp_path):
+    poison = PoisonWeights(at=10)  # a checkpoint step: the save sees NaN weights after a finite loss
+    metrics = run(recipe(**{"runtime.checkpoint_every_steps": 5}), str(tmp_path), callbacks=[poison])
+    assert poison.fired == 1 and metrics["nan_rollbacks"] == 1 and metrics["status"] == "done"
+    assert metrics["nan_skipped_examples"] == 5 * 32  # steps 5..9 of data, after the rollback to step 5
+    for index in glob.glob(str(tmp_path / "checkpoints" / "ckpt-*.index")):
+        reader = tf.train.load_checkpoint(index[: -len(".index")])
+        for name, dtype in reader.get_variable_to_dtype_map().items():
+            if name.startswith("model/") and dtype.is_floating:
+                assert np.isfinite(reader.get_tensor(name)).all(), (index, name)
+
+
+# ---- early stopping and best.keras across restarts ----------------------------------------------------------------
+
+EARLY = {"train.epochs": 6, "train.learning_rate": 0.0, "train.warmup_steps": 0, "train.early_stopping_patience": 1,
+         "train.export_best_by": "val_accuracy"}
+
+
+def test_early_stopping_survives_a_restart_and_a_stopped_run_stays_stopped(tmp_path, monkeypatch):
+    # lr 0: val_loss never improves, so patience 1 stops at the end of epoch 2 (step 88) in an uninterrupted run.
+    assert run(recipe(**EARLY), str(tmp_path / "whole"))["step"] == 88
+    monkeypatch.setenv("TPUKIT_TEST_SIGTERM_AT_STEP", "50")  # in epoch 2, after epoch 1 set the best value
+    assert run(recipe(**EARLY), str(tmp_path / "cut"))["status"] == "preempted"
+    monkeypatch.delenv("TPUKIT_TEST_SIGTERM_AT_STEP")
+    best = tmp_path / "cut" / "best.keras"
+    written = best.stat().st_mtime_ns
+    resumed = run(recipe(**EARLY), str(tmp_path / "cut"))
+    assert resumed["status"] == "early_stopped" and resumed["step"] == 88  # patience did not restart
+    assert best.stat().st_mtime_ns == written  # an equal val_accuracy after the restart is not "better"
+    again = run(recipe(**EARLY), str(tmp_path / "cut"))  # the same command once more
+    assert again["status"] == "early_stopped" and again["step"] == 88 and again["resumed_from_step"] == 88
+
+
+# ---- damaged checkpoints ------------------------------------------------------------------------------------------
+
+
+def _train_with_checkpoints(output_dir):
+    return run(recipe(**{"runtime.checkpoint_every_steps": 10}), output_dir)  # keeps ckpt-30, -40, -44
+
+
+def _truncate(path, size):
+    with open(path, "r+b") as f:
+        f.truncate(size)
+
+
+@pytest.mark.parametrize("damage", ["data", "index", "missing_index", "state_file"])
+def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, damage, caplog):
+    output_dir = str(tmp_path)
+    _train_with_checkpoints(output_dir)
+    ckpt = os.path.join(output_dir, "checkpoints", "ckpt-44")
+    if damage == "data":
+        data_file = glob.glob(ckpt + ".data-*")[0]
+        _truncate(data_file, os.path.getsize(data_file) // 2)
+    elif damage == "index":
+        _truncate(ckpt + ".index", 10)
+    elif damage == "missing_index":
+        os.remove(ckpt + ".index")
+    else:  # the manager's state file, damaged: the checkpoints themselves are found by name
+        with open(os.path.join(output_dir, "checkpoints", "checkpoint"), "wb") as f:
+            f.write(b"\x00\xff garbage")
+    with caplog.at_level(logging.WARNING, logger="tpukit"):
+        metrics = run(recipe(**{"train.epochs": 2, "runtime.checkpoint_every_steps": 10}), output_dir)
+    expected = 44 if damage == "state_file" else 40
+    assert metrics["resumed_from_step"] == expected and metrics["step"] == 88
+    if damage == "state_file":
+        assert "moved it to" in caplog.text and os.path.isfile(os.path.join(output_dir, "checkpoints", "checkpoint.damaged"))
+    else:
+        assert f"resumed from {os.path.join(output_dir, 'checkpoints', 'ckpt-40')} (step 40)" in caplog.text
+
+
+def test_when_no_checkpoint_can_be_read_the_run_stops_and_deletes_nothing(tmp_path):
+    output_dir = str(tmp_path)
+    _train_with_checkpoints(output_dir)
+    for index in glob.glob(os.path.join(output_dir, "checkpoints", "ckpt-*.index")):
+        _truncate(index, 10)
+    before = sorted(os.listdir(os.path.join(output_dir, "checkpoints")))
+    with pytest.raises(RecipeError) as info:
+        run(recipe(**{"train.epochs": 2}), output_dir)
+    assert "no checkpoint in" in str(info.value) and "could be read" in str(info.value)
+    assert "ckpt-30" in str(info.value) and "ckpt-44" in str(info.value)
+    assert sorted(os.listdir(os.path.join(output_dir, "checkpoints"))) == before
+
+
+# ---- cheap checks before slow work ------------------------------------------------------------------------------
+
+
+def test_a_bad_checkpoint_path_and_a_missing_checkpoint_are_refused_before_any_model_is_built(tmp_path, monkeypatch):
+    import functools
+
+    from tpukit import models
+
+    @functools.wraps(models.MODELS["small_cnn"])  # same signature: the recipe still validates
+    def refuse(**kwargs):
+        raise AssertionError("the model was built before the cheap checks")
+
+    monkeypatch.setitem(models.MODELS, "small_cnn", refuse)
+    with pytest.raises(RecipeError, match="no such checkpoint"):
+        run(recipe(), str(tmp_path), mode="eval", checkpoint=str(tmp_path / "ckpt-7"))
+    with pytest.raises(RecipeError, match="mode eval: no checkpoint in"):
+        run(recipe(), str(tmp_path), mode="eval")
+
+
+def test_eval_mode_never_runs_the_steps_per_execution_probe(tmp_path, caplog):
+    run(recipe(), str(tmp_path))
+    with caplog.at_level(logging.INFO, logger="tpukit"):
+        metrics = run(recipe(**{"runtime.steps_per_execution": "auto"}), str(tmp_path), mode="eval")
+    assert "steps_per_execution auto" not in caplog.text
+    assert metrics["steps_per_execution"] == 1
+
+
+# ---- SIGKILL at random moments ------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_sigkills_at_random_moments_resume_to_the_uninterrupted_weights(tmp_path):
+    import random
+    import subprocess
+    import sys
+    import time
+
+    from helpers import REPO
+
+    args = ["recipes/digits_cnn.yaml", "--set", "train.epochs=3", "--set", "data.global_batch_size=32",
+            "--set", "data.deterministic=true", "--set", "runtime.checkpoint_every_steps=3",
+            "--set", "runtime.max_checkpoints_to_keep=2"]
+    whole = str(tmp_path / "whole")
+    assert run_cli(*args, "--output_dir", whole).returncode == 0
+    cut = str(tmp_path / "cut")
+    rng = random.Random()
+    moments = []
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", KERAS_BACKEND="tensorflow")
+    for _ in range(4):
+        # After imports (~5 s) the run trains ~132 steps in a few seconds, saving every 3 steps: most moments land in
+        # training or inside a save.
+        delay = rng.uniform(5.0, 12.0)
+        moments.append(round(delay, 2))
+        process = subprocess.Popen([sys.executable, "-m", "tpukit.train", *args, "--output_dir", cut], cwd=REPO,
+                                   env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(delay)
+        process.kill()
+        process.wait()
+    final = run_cli(*args, "--output_dir", cut)
+    assert final.returncode == 0, (moments, final.stderr[-3000:])
+    with open(os.path.join(cut, "metrics.json")) as f:
+        assert json.load(f)["step"] == 132, moments
+    a = keras.saving.load_model(os.path.join(whole, "model.keras")).get_weights()
+    b = keras.saving.load_model(os.path.join(cut, "model.keras")).get_weights()
+    for x, y in zip(a, b, strict=True):
+        np.testing.assert_allclose(x, y, rtol=0, atol=1e-6, err_msg=f"kill moments {moments}")
