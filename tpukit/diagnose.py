@@ -222,10 +222,9 @@ def annotate(error: BaseException) -> str | None:
     For entry points that re-raise: `except Exception as error: diagnose.annotate(error); raise`.
     """
     explanation = explain(error)
-    if (
-        explanation
-        and hasattr(error, "add_note")
-        and explanation not in getattr(error, "__notes__", ())
-    ):
-        error.add_note(f"tpukit: {explanation}")
+    note = f"tpukit: {explanation}"
+    if explanation and hasattr(error, "add_note") and note not in getattr(error, "__notes__", ()):
+        error.add_note(
+            note
+        )  # Python 3.11+; on 3.10 the caller's own message must carry the explanation
     return explanation
