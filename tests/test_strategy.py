@@ -2,6 +2,7 @@
 resolvers, devices and environment variables (no TPU or GPU exists here), so these tests prove the decision
 logic and the calls made, not that a real TPU connects."""
 
+import fnmatch
 import json
 from unittest import mock
 
@@ -53,13 +54,61 @@ def test_tpu_vm_detection_from_environment(env, expected):
         assert strategy_lib.tpu_vm_present(env) is expected
 
 
-def test_tpu_vm_detection_from_device_files():
-    with mock.patch.object(strategy_lib.glob, "glob", side_effect=lambda p: ["/dev/vfio/0"] if "vfio" in p else []):
+def _fake_dev(paths):
+    """A glob.glob over a fake /dev holding `paths`."""
+    return lambda pattern: [p for p in paths if fnmatch.fnmatch(p, pattern)]
+
+
+def test_tpu_vm_detection_from_accel_device_files():
+    with mock.patch.object(
+        strategy_lib.glob, "glob", side_effect=_fake_dev(["/dev/accel0", "/dev/accel1"])
+    ):
         assert strategy_lib.tpu_vm_present({}) is True
 
 
+@pytest.mark.parametrize("google_pci, expected", [([], False), (["0000:00:05.0"], True)])
+def test_vfio_device_files_count_only_with_a_google_pci_device(google_pci, expected):
+    # /dev/vfio/<n> exists on any host that passes a PCI device through VFIO (a GPU, a NIC): not a TPU by itself.
+    with mock.patch.object(
+        strategy_lib.glob, "glob", side_effect=_fake_dev(["/dev/vfio/0", "/dev/vfio/vfio"])
+    ):
+        with mock.patch.object(strategy_lib, "google_pci_devices", return_value=google_pci):
+            assert strategy_lib.tpu_vm_present({}) is expected
+            assert strategy_lib.tpu_device_files() == (["/dev/vfio/0"] if expected else [])
+
+
+def test_google_pci_devices_reads_the_vendor_of_each_pci_device(tmp_path):
+    for name, vendor in [
+        ("0000:00:04.0", "0x1ae0\n"),
+        ("0000:00:05.0", "0x10de\n"),
+        ("0000:00:06.0", "0x1AE0"),
+    ]:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "vendor").write_text(vendor)
+    (tmp_path / "0000:00:07.0").mkdir()  # no vendor file: skipped
+    assert strategy_lib.google_pci_devices(str(tmp_path)) == ["0000:00:04.0", "0000:00:06.0"]
+    assert strategy_lib.google_pci_devices(str(tmp_path / "missing")) == []
+
+
+def test_tpu_support_is_read_from_the_tensorflow_build():
+    # This machine runs the CPU wheel: no TPU kernels, whatever libtpu module may be importable.
+    with mock.patch.object(strategy_lib.importlib.util, "find_spec", return_value=object()):
+        assert strategy_lib.tensorflow_has_tpu_support() is False
+    from tensorflow.python.framework import kernels
+
+    registered = mock.Mock(kernel=[mock.Mock(device_type="TPU")])
+    with mock.patch.object(
+        kernels, "get_registered_kernels_for_op", return_value=registered
+    ) as lookup:
+        assert strategy_lib.tensorflow_has_tpu_support() is True
+    lookup.assert_called_once_with("TPUExecute")
+
+
 def test_tf_config_cluster_is_multi_worker_and_beats_gpus():
-    tf_config = {"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, "task": {"type": "worker", "index": 0}}
+    tf_config = {
+        "cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]},
+        "task": {"type": "worker", "index": 0},
+    }
     choice = strategy_lib.choose(env={"TF_CONFIG": json.dumps(tf_config)}, tpu_vm=False, gpus=2)
     assert choice.kind == "multi_worker"
     assert "2 worker" in choice.reason
@@ -75,7 +124,9 @@ def test_bad_tf_config_json_names_the_variable():
         strategy_lib.choose(env={"TF_CONFIG": "{oops"}, tpu_vm=False, gpus=0)
 
 
-@pytest.mark.parametrize("gpus, kind", [(4, "mirrored"), (2, "mirrored"), (1, "one_device"), (0, "default")])
+@pytest.mark.parametrize(
+    "gpus, kind", [(4, "mirrored"), (2, "mirrored"), (1, "one_device"), (0, "default")]
+)
 def test_gpu_counts(gpus, kind):
     assert strategy_lib.choose(env=NO_ENV, tpu_vm=False, gpus=gpus).kind == kind
 
@@ -93,7 +144,9 @@ def test_connect_on_this_cpu_returns_the_real_default_strategy(monkeypatch):
     assert strategy.num_replicas_in_sync == 1
     line = [call.args[0] for call in log_info.call_args_list]
     assert len(line) == 1  # one line says what was chosen and why
-    assert "default" in line[0] and "1 replica(s)" in line[0] and "no TPU, GPU or TF_CONFIG" in line[0]
+    assert (
+        "default" in line[0] and "1 replica(s)" in line[0] and "no TPU, GPU or TF_CONFIG" in line[0]
+    )
     assert f"TensorFlow {tf.__version__}" in line[0]
 
 
@@ -101,15 +154,22 @@ def test_connect_on_this_cpu_returns_the_real_default_strategy(monkeypatch):
 def fake_tpu():
     """Fakes TPUClusterResolver, connect_to_cluster, initialize_tpu_system and TPUStrategy."""
     strategy_lib._TPU_STRATEGIES.clear()
-    with mock.patch.object(tf.distribute.cluster_resolver, "TPUClusterResolver") as resolver, mock.patch.object(
-        tf.config, "experimental_connect_to_cluster"
-    ) as connect_to_cluster, mock.patch.object(
-        tf.tpu.experimental, "initialize_tpu_system"
-    ) as initialize, mock.patch.object(tf.distribute, "TPUStrategy") as tpu_strategy, mock.patch.object(
-        strategy_lib, "_initialized_tpu_systems", return_value={}
+    strategy_lib._TPU_TOPOLOGIES.clear()
+    with (
+        mock.patch.object(tf.distribute.cluster_resolver, "TPUClusterResolver") as resolver,
+        mock.patch.object(tf.config, "experimental_connect_to_cluster") as connect_to_cluster,
+        mock.patch.object(tf.tpu.experimental, "initialize_tpu_system") as initialize,
+        mock.patch.object(tf.distribute, "TPUStrategy") as tpu_strategy,
+        mock.patch.object(strategy_lib, "_initialized_tpu_systems", return_value={}),
     ):
-        yield mock.Mock(resolver=resolver, connect=connect_to_cluster, initialize=initialize, strategy=tpu_strategy)
+        yield mock.Mock(
+            resolver=resolver,
+            connect=connect_to_cluster,
+            initialize=initialize,
+            strategy=tpu_strategy,
+        )
     strategy_lib._TPU_STRATEGIES.clear()
+    strategy_lib._TPU_TOPOLOGIES.clear()
 
 
 def test_local_tpu_is_initialized_once_and_not_connected_remotely(fake_tpu):
@@ -124,33 +184,108 @@ def test_local_tpu_is_initialized_once_and_not_connected_remotely(fake_tpu):
 
 
 def test_remote_tpu_is_connected_then_initialized(fake_tpu):
-    strategy_lib.build(strategy_lib.Choice("tpu", "test", tpu="grpc://10.0.0.2:8470", explicit=True))
+    strategy_lib.build(
+        strategy_lib.Choice("tpu", "test", tpu="grpc://10.0.0.2:8470", explicit=True)
+    )
     fake_tpu.resolver.assert_called_once_with(tpu="grpc://10.0.0.2:8470")
     fake_tpu.connect.assert_called_once_with(fake_tpu.resolver.return_value)
     fake_tpu.initialize.assert_called_once()
 
 
 def test_tpu_already_initialized_by_tensorflow_is_not_reinitialized(fake_tpu):
-    with mock.patch.object(strategy_lib, "_initialized_tpu_systems", return_value={"local": object()}):
+    with mock.patch.object(
+        strategy_lib, "_initialized_tpu_systems", return_value={"local": object()}
+    ):
         strategy_lib.build(strategy_lib.Choice("tpu", "test", tpu="local", explicit=True))
     fake_tpu.initialize.assert_not_called()
     fake_tpu.strategy.assert_called_once()
 
 
 def test_explicit_tpu_failure_says_what_was_tried_and_the_fix(fake_tpu):
-    fake_tpu.resolver.side_effect = ValueError("Please provide a TPU Name to connect to.")
+    fake_tpu.initialize.side_effect = RuntimeError(
+        "Deadline exceeded while connecting"
+    )  # not a known error
     with mock.patch.object(strategy_lib, "tensorflow_has_tpu_support", return_value=False):
         with pytest.raises(strategy_lib.TPUConnectionError) as info:
-            strategy_lib.build(strategy_lib.Choice("tpu", "$TPU_NAME='my-tpu'", tpu="my-tpu", explicit=True))
+            strategy_lib.build(
+                strategy_lib.Choice("tpu", "test", tpu="grpc://10.0.0.2:8470", explicit=True)
+            )
     message = str(info.value)
-    assert "TPUClusterResolver(tpu='my-tpu')" in message
-    assert "Please provide a TPU Name" in message
+    assert "TPUClusterResolver(tpu='grpc://10.0.0.2:8470')" in message
+    assert "Deadline exceeded" in message
     assert "tpu='local'" in message  # the Colab / TPU VM hint
-    assert "has no TPU support" in message and "tpukit[tpu]" in message
+    assert "is not a TPU build" in message and 'tensorflow-tpu==2.19.1" "libtpu==0.0.10"' in message
+
+
+@pytest.mark.parametrize(
+    "error, words",
+    [
+        (
+            ValueError("Please provide a TPU Name to connect to."),
+            ["Cause:", "tpukit.connect(tpu='local')"],
+        ),
+        (
+            tf.errors.InvalidArgumentError(
+                None,
+                None,
+                "No OpKernel was registered to support Op 'ConfigureDistributedTPU' used by "
+                "{{node ConfigureDistributedTPU}}. Registered devices: [CPU]",
+            ),
+            ["CPU/GPU wheel", "pip uninstall -y tensorflow", "restart the runtime"],
+        ),
+    ],
+)
+def test_known_connection_errors_carry_their_cause_and_fix(fake_tpu, error, words):
+    fake_tpu.initialize.side_effect = error
+    with pytest.raises(strategy_lib.TPUConnectionError) as info:
+        strategy_lib.build(
+            strategy_lib.Choice("tpu", "$TPU_NAME='local'", tpu="local", explicit=True)
+        )
+    message = str(info.value)
+    assert "TPUClusterResolver(tpu='local')" in message and str(error)[:40] in message
+    for word in words:
+        assert word in message
+
+
+def test_named_tpu_without_the_api_client_fails_first_with_the_install_command(fake_tpu):
+    with mock.patch.object(
+        strategy_lib, "tpu_api_client_missing", return_value=["google-api-python-client"]
+    ):
+        with pytest.raises(strategy_lib.TPUConnectionError) as info:
+            strategy_lib.build(
+                strategy_lib.Choice("tpu", "$TPU_NAME='my-pod'", tpu="my-pod", explicit=True)
+            )
+        fake_tpu.resolver.assert_not_called()
+        message = str(info.value)
+        assert "'my-pod'" in message and "pip install google-api-python-client" in message
+        assert "tpukit[tpu,tpu-name]" in message and "tpu='local'" in message
+        # 'local' and grpc:// addresses never go through the Cloud TPU API.
+        strategy_lib.build(strategy_lib.Choice("tpu", "test", tpu="local", explicit=True))
+        strategy_lib.build(
+            strategy_lib.Choice("tpu", "test", tpu="grpc://10.0.0.3:8470", explicit=True)
+        )
+    assert fake_tpu.resolver.call_count == 2
+
+
+def test_api_client_packages_are_looked_up_by_module():
+    with mock.patch.object(
+        strategy_lib.importlib.util,
+        "find_spec",
+        side_effect=lambda m: None if m == "oauth2client" else object(),
+    ):
+        assert strategy_lib.tpu_api_client_missing() == ["oauth2client"]
+
+
+def test_the_initialized_topology_is_kept_for_the_doctor(fake_tpu):
+    strategy_lib.build(strategy_lib.Choice("tpu", "test", tpu="local", explicit=True))
+    assert strategy_lib.tpu_topology("local") is fake_tpu.initialize.return_value
+    assert strategy_lib.tpu_topology("other") is None
 
 
 def test_local_tpu_failure_does_not_suggest_local_again(fake_tpu):
-    fake_tpu.initialize.side_effect = tf.errors.NotFoundError(None, None, "TPUs not found in the cluster.")
+    fake_tpu.initialize.side_effect = tf.errors.NotFoundError(
+        None, None, "TPUs not found in the cluster."
+    )
     with mock.patch.object(strategy_lib, "tensorflow_has_tpu_support", return_value=True):
         with pytest.raises(strategy_lib.TPUConnectionError, match="TPUs not found") as info:
             strategy_lib.build(strategy_lib.Choice("tpu", "test", tpu="local", explicit=True))
@@ -158,22 +293,31 @@ def test_local_tpu_failure_does_not_suggest_local_again(fake_tpu):
 
 
 def test_auto_detected_tpu_failure_falls_back_to_cpu(fake_tpu, monkeypatch):
-    fake_tpu.initialize.side_effect = tf.errors.NotFoundError(None, None, "TPUs not found in the cluster.")
+    fake_tpu.initialize.side_effect = tf.errors.NotFoundError(
+        None, None, "TPUs not found in the cluster."
+    )
     for var in ("TPU_NAME", "COLAB_TPU_ADDR", "TF_CONFIG"):
         monkeypatch.delenv(var, raising=False)
     with mock.patch.object(strategy_lib, "_gpu_count", return_value=0):
-        strategy = strategy_lib.build(strategy_lib.Choice("tpu", "TPU VM", tpu="local", explicit=False))
+        strategy = strategy_lib.build(
+            strategy_lib.Choice("tpu", "TPU VM", tpu="local", explicit=False)
+        )
     assert strategy is tf.distribute.get_strategy()
 
 
 def test_gpu_and_multi_worker_choices_build_the_right_strategy_classes():
     with mock.patch.object(tf.distribute, "MirroredStrategy") as mirrored:
-        assert strategy_lib.build(strategy_lib.Choice("mirrored", "2 GPUs")) is mirrored.return_value
+        assert (
+            strategy_lib.build(strategy_lib.Choice("mirrored", "2 GPUs")) is mirrored.return_value
+        )
     with mock.patch.object(tf.distribute, "OneDeviceStrategy") as one:
         assert strategy_lib.build(strategy_lib.Choice("one_device", "1 GPU")) is one.return_value
         one.assert_called_once_with("/gpu:0")
     with mock.patch.object(tf.distribute, "MultiWorkerMirroredStrategy") as mwms:
-        assert strategy_lib.build(strategy_lib.Choice("multi_worker", "TF_CONFIG")) is mwms.return_value
+        assert (
+            strategy_lib.build(strategy_lib.Choice("multi_worker", "TF_CONFIG"))
+            is mwms.return_value
+        )
 
 
 def test_describe_a_two_replica_strategy(strategy_2):

@@ -23,13 +23,14 @@ import json
 import logging
 import os
 
-from tpukit import compat
+from tpukit import compat, diagnose, versions
 
 logger = logging.getLogger("tpukit")
 
 # One TPUStrategy per TPU address per process: initialize_tpu_system resets the TPU (and so every variable on it),
 # so a second connect() in the same notebook must return the strategy it already built.
 _TPU_STRATEGIES: dict[str, object] = {}
+_TPU_TOPOLOGIES: dict[str, object] = {}
 
 
 class TPUConnectionError(RuntimeError):
@@ -43,7 +44,33 @@ class Choice:
     kind: str  # "tpu", "multi_worker", "mirrored", "one_device", "default"
     reason: str
     tpu: str | None = None  # the TPUClusterResolver argument, for kind == "tpu"
-    explicit: bool = False  # True when the user asked for this TPU (errors are raised, not fallen through)
+    # True when the user asked for this TPU (errors are raised, not fallen through).
+    explicit: bool = False
+
+
+# PCI vendor id of Google (the TPU chips' vendor), as Linux lists it in /sys/bus/pci/devices/*/vendor.
+GOOGLE_PCI_VENDOR = "0x1ae0"
+
+
+def google_pci_devices(root: str = "/sys/bus/pci/devices") -> list[str]:
+    """PCI devices whose vendor is Google (TPU chips), e.g. ['0000:00:04.0']; [] when none or no sysfs."""
+    found = []
+    for path in sorted(glob.glob(os.path.join(root, "*", "vendor"))):
+        try:
+            with open(path, encoding="ascii") as f:
+                if f.read().strip().lower() == GOOGLE_PCI_VENDOR:
+                    found.append(os.path.basename(os.path.dirname(path)))
+        except OSError:
+            continue
+    return found
+
+
+def tpu_device_files() -> list[str]:
+    """TPU chip device files: /dev/accel<n> (v2-v4), or /dev/vfio/<n> (v5e and later) when a Google PCI device
+    backs them. /dev/vfio/<n> alone is not enough: any host that passes a PCI device through VFIO has one."""
+    accel = sorted(glob.glob("/dev/accel[0-9]*"))
+    vfio = sorted(glob.glob("/dev/vfio/[0-9]*"))
+    return accel + (vfio if vfio and google_pci_devices() else [])
 
 
 def tpu_vm_present(env: dict[str, str] | None = None) -> bool:
@@ -51,15 +78,16 @@ def tpu_vm_present(env: dict[str, str] | None = None) -> bool:
 
     Colab's TPU runtime sets COLAB_TPU_1VM=1 (other Colab runtimes set it to ""), Kaggle's sets ISTPUVM=1, both
     and GKE set TPU_ACCELERATOR_TYPE / TPU_WORKER_ID; a plain Cloud TPU VM may set none of these, but its chips
-    show up as /dev/accel* (v2-v4) or /dev/vfio/<n> (v5e and later). `list_logical_devices` is not used: it
-    starts TensorFlow's runtime, after which a MultiWorkerMirroredStrategy can no longer be created.
+    show up as /dev/accel* (v2-v4) or as /dev/vfio/<n> backed by a Google PCI device (v5e and later; see
+    `tpu_device_files`). `list_logical_devices` is not used: it starts TensorFlow's runtime, after which a
+    MultiWorkerMirroredStrategy can no longer be created.
     """
     env = dict(os.environ) if env is None else env
     if env.get("COLAB_TPU_1VM") == "1" or env.get("ISTPUVM") == "1":
         return True
     if env.get("TPU_ACCELERATOR_TYPE") or env.get("TPU_WORKER_ID"):
         return True
-    return bool(glob.glob("/dev/accel[0-9]*") or glob.glob("/dev/vfio/[0-9]*"))
+    return bool(tpu_device_files())
 
 
 def _gpu_count() -> int:
@@ -84,10 +112,17 @@ def _tf_config_cluster(env: dict[str, str]) -> dict | None:
             f"TF_CONFIG is not valid JSON ({error}); received {text[:200]!r}. Fix: set TF_CONFIG to JSON like "
             '{"cluster": {"worker": ["host1:port", "host2:port"]}, "task": {"type": "worker", "index": 0}}.'
         ) from None
-    return config if training_tasks(config.get("cluster") or {}) >= 1 and config.get("task") else None
+    return (
+        config if training_tasks(config.get("cluster") or {}) >= 1 and config.get("task") else None
+    )
 
 
-def choose(tpu: str | None = None, env: dict[str, str] | None = None, tpu_vm: bool | None = None, gpus: int | None = None) -> Choice:
+def choose(
+    tpu: str | None = None,
+    env: dict[str, str] | None = None,
+    tpu_vm: bool | None = None,
+    gpus: int | None = None,
+) -> Choice:
     """Decides which strategy to build. Pure apart from its defaults, so every branch is testable."""
     env = dict(os.environ) if env is None else env
     if tpu:
@@ -100,10 +135,17 @@ def choose(tpu: str | None = None, env: dict[str, str] | None = None, tpu_vm: bo
         address = f"grpc://{env['COLAB_TPU_ADDR']}"
         return Choice("tpu", f"$COLAB_TPU_ADDR (legacy Colab TPU) -> {address}", tpu=address)
     if tpu_vm_present(env) if tpu_vm is None else tpu_vm:
-        return Choice("tpu", "this machine is a TPU VM (TPU device files / $TPU_ACCELERATOR_TYPE)", tpu="local")
+        return Choice(
+            "tpu",
+            "this machine is a TPU VM (TPU device files / $TPU_ACCELERATOR_TYPE)",
+            tpu="local",
+        )
     cluster = _tf_config_cluster(env)
     if cluster is not None:
-        return Choice("multi_worker", f"$TF_CONFIG describes a cluster of {training_tasks(cluster['cluster'])} worker(s)")
+        return Choice(
+            "multi_worker",
+            f"$TF_CONFIG describes a cluster of {training_tasks(cluster['cluster'])} worker(s)",
+        )
     gpus = _gpu_count() if gpus is None else gpus
     if gpus > 1:
         return Choice("mirrored", f"{gpus} GPUs found")
@@ -113,16 +155,38 @@ def choose(tpu: str | None = None, env: dict[str, str] | None = None, tpu_vm: bo
 
 
 def tensorflow_has_tpu_support() -> bool:
-    """Whether the installed TensorFlow can drive a TPU (tensorflow-tpu, or libtpu importable)."""
-    if importlib.util.find_spec("libtpu") is not None:
-        return True
+    """Whether the imported TensorFlow is a TPU build, judged from TensorFlow itself.
+
+    A TPU build (tensorflow-tpu, or Google's TPU VM images) loads libtpu at import and registers the TPU kernels,
+    among them `TPUExecute`; the CPU/GPU `tensorflow` wheel registers none, so on a TPU VM it fails with "No
+    OpKernel was registered to support Op 'ConfigureDistributedTPU'". Checked on this repository's CI machine:
+    tensorflow-tpu 2.19.1 registers TPUExecute (even with no TPU attached), tensorflow 2.19.1-2.21 does not.
+    Whether a `libtpu` module imports says nothing: Colab's TPU runtime has JAX's libtpu and no TensorFlow.
+    """
     try:
+        from tensorflow.python.framework import kernels
+
+        return bool(kernels.get_registered_kernels_for_op("TPUExecute").kernel)
+    except Exception:  # noqa: BLE001 - private API moved: fall back to the distribution name
         import importlib.metadata as metadata
 
-        metadata.distribution("tensorflow-tpu")
-        return True
-    except Exception:  # noqa: BLE001 - PackageNotFoundError, or broken metadata
-        return False
+        try:
+            metadata.distribution("tensorflow-tpu")
+            return True
+        except metadata.PackageNotFoundError:
+            return False
+
+
+def tpu_api_client_missing() -> list[str]:
+    """The packages TensorFlow's Cloud TPU API client imports that are not installed (named TPUs need them)."""
+    return [
+        package
+        for module, package in (
+            ("googleapiclient", "google-api-python-client"),
+            ("oauth2client", "oauth2client"),
+        )
+        if importlib.util.find_spec(module) is None
+    ]
 
 
 def _tpu_fix_hint(choice: Choice) -> str:
@@ -136,10 +200,12 @@ def _tpu_fix_hint(choice: Choice) -> str:
         import tensorflow as tf
 
         hints.append(
-            f"the installed TensorFlow ({tf.__version__}) has no TPU support: install the TPU build with "
-            "`pip install 'tpukit[tpu]'` (tensorflow-tpu >= 2.19), then restart the runtime"
+            f"the installed TensorFlow ({tf.__version__}) is not a TPU build: `pip uninstall -y tensorflow` then "
+            f"`{versions.pinned_tpu().install_command()}`, then restart the runtime"
         )
-    hints.append("to train without a TPU, call tpukit.connect() with no tpu argument and unset $TPU_NAME")
+    hints.append(
+        "to train without a TPU, call tpukit.connect() with no tpu argument and unset $TPU_NAME"
+    )
     return "; ".join(hints)
 
 
@@ -149,8 +215,14 @@ def _initialized_tpu_systems() -> dict:
         from tensorflow.python.tpu import tpu_strategy_util
 
         return tpu_strategy_util.get_initialized_tpu_systems()
-    except (ImportError, AttributeError):  # private API: absent in some build, so rely on our cache alone
+    except (ImportError, AttributeError):
+        # Private API: absent in some build, so rely on our cache alone.
         return {}
+
+
+def _needs_tpu_api(tpu: str | None) -> bool:
+    """A TPU given by name (not 'local', not grpc://host:port) is looked up through the Cloud TPU API."""
+    return bool(tpu) and tpu != "local" and not tpu.startswith("grpc://")
 
 
 def _connect_tpu(choice: Choice):
@@ -158,6 +230,16 @@ def _connect_tpu(choice: Choice):
 
     if choice.tpu in _TPU_STRATEGIES:
         return _TPU_STRATEGIES[choice.tpu]
+    missing = tpu_api_client_missing() if _needs_tpu_api(choice.tpu) else []
+    if missing:
+        # TensorFlow would fail later with "Missing runtime dependency on the Google API client"; say it first.
+        raise TPUConnectionError(
+            f"could not connect to the TPU named {choice.tpu!r} ({choice.reason}): a named TPU is looked up "
+            f"through the Cloud TPU API, whose client needs {' and '.join(missing)}, not installed. Fix: "
+            f"`pip install {' '.join(missing)}` (or `pip install 'tpukit[tpu,tpu-name]'`), then restart the "
+            "runtime; or, when the TPU is attached to this machine (Colab, Kaggle, single-host TPU VM), use "
+            "tpu='local' (CLI: --tpu=local)."
+        )
     try:
         resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=choice.tpu)
         if choice.tpu != "local":
@@ -165,15 +247,23 @@ def _connect_tpu(choice: Choice):
             tf.config.experimental_connect_to_cluster(resolver)
         if choice.tpu not in _initialized_tpu_systems():
             # A second initialization would wipe every variable already on the TPU.
-            tf.tpu.experimental.initialize_tpu_system(resolver)
+            _TPU_TOPOLOGIES[choice.tpu] = tf.tpu.experimental.initialize_tpu_system(resolver)
     except Exception as error:  # noqa: BLE001 - ValueError, URLError, RuntimeError, NotFoundError...
+        explanation = diagnose.explain(error)
+        fix = explanation if explanation else f"Fix: {_tpu_fix_hint(choice)}."
         raise TPUConnectionError(
             f"could not connect to the TPU: tried TPUClusterResolver(tpu={choice.tpu!r}) because {choice.reason}, "
-            f"and it failed with {type(error).__name__}: {str(error)[:500]}. Fix: {_tpu_fix_hint(choice)}."
+            f"and it failed with {type(error).__name__}: {str(error)[:500]}. {fix}"
         ) from error
     strategy = tf.distribute.TPUStrategy(resolver)
     _TPU_STRATEGIES[choice.tpu] = strategy
     return strategy
+
+
+def tpu_topology(tpu: str):
+    """The `tf.tpu.experimental.Topology` this process initialized for `tpu` (mesh_shape, num_tasks,
+    num_tpus_per_task), or None when it did not initialize it."""
+    return _TPU_TOPOLOGIES.get(tpu)
 
 
 def build(choice: Choice):
@@ -187,7 +277,9 @@ def build(choice: Choice):
             if choice.explicit:
                 raise
             logger.warning("tpukit: TPU auto-detection failed, falling back: %s", error)
-            fallback = choose(env={k: v for k, v in os.environ.items() if k != "COLAB_TPU_ADDR"}, tpu_vm=False)
+            fallback = choose(
+                env={k: v for k, v in os.environ.items() if k != "COLAB_TPU_ADDR"}, tpu_vm=False
+            )
             return build(fallback)
     if choice.kind == "multi_worker":
         return tf.distribute.MultiWorkerMirroredStrategy()
@@ -233,7 +325,9 @@ def worker_subdir(strategy) -> str | None:
         return None
     resolver = strategy.cluster_resolver
     has_chief = bool(resolver.cluster_spec().as_dict().get("chief"))
-    chief = resolver.task_type == "chief" or (not has_chief and resolver.task_type == "worker" and resolver.task_id == 0)
+    chief = resolver.task_type == "chief" or (
+        not has_chief and resolver.task_type == "worker" and resolver.task_id == 0
+    )
     return None if chief else f"{resolver.task_type}{resolver.task_id}"
 
 
@@ -244,7 +338,8 @@ def describe(strategy, reason: str = "") -> str:
 
     try:
         devices = list(strategy.extended.worker_devices)
-    except RuntimeError:  # the default strategy has no worker_devices: it runs on the first local device
+    except RuntimeError:
+        # The default strategy has no worker_devices: it runs on the first local device.
         devices = [d.name for d in tf.config.list_logical_devices()[:1]]
     shown = ", ".join(devices[:4]) + (f", ... ({len(devices)} in all)" if len(devices) > 4 else "")
     why = f" because {reason}" if reason else ""
@@ -275,7 +370,11 @@ def connect(tpu: str | None = None):
     compat.check_tensorflow()
     choice = choose(tpu)
     strategy = build(choice)
-    reason = choice.reason if kind_of(strategy) == choice.kind else "the TPU fallback (see the warning above)"
+    reason = (
+        choice.reason
+        if kind_of(strategy) == choice.kind
+        else "the TPU fallback (see the warning above)"
+    )
     logger.info(describe(strategy, reason))
     return strategy
 
