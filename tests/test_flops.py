@@ -21,14 +21,18 @@ DENSE_FORWARD = 2 * 8 * 16 + 2 * 16 * 4  # 384
 
 def _conv_model():
     inputs = keras.Input((8, 8, 3))
-    x = layers.Conv2D(4, 3, padding="same", activation="relu")(inputs)  # 8x8x4 outputs, 3*3*3 MACs each
+    x = layers.Conv2D(4, 3, padding="same", activation="relu")(
+        inputs
+    )  # 8x8x4 outputs, 3*3*3 MACs each
     x = layers.MaxPooling2D(2)(x)  # 4x4x4
     x = layers.Conv2D(6, 3, padding="valid")(x)  # 2x2x6 outputs, 3*3*4 MACs each
     x = layers.Flatten()(x)  # 24
     return keras.Model(inputs, layers.Dense(10)(x))
 
 
-CONV_FORWARD = 2 * (8 * 8 * 4) * (3 * 3 * 3) + 2 * (2 * 2 * 6) * (3 * 3 * 4) + 2 * 24 * 10  # 13824 + 1728 + 480
+CONV_FORWARD = (
+    2 * (8 * 8 * 4) * (3 * 3 * 3) + 2 * (2 * 2 * 6) * (3 * 3 * 4) + 2 * 24 * 10
+)  # 13824 + 1728 + 480
 
 
 def test_dense_model_counts_2_in_out_per_layer_times_3_for_training():
@@ -79,9 +83,26 @@ def test_uncountable_models_give_none_not_an_error(caplog):
 @pytest.mark.parametrize(
     "kind, generation",
     [
-        ("TPU v2", "v2"), ("v2-8", "v2"), ("TPU v3", "v3"), ("v3-32", "v3"), ("TPU v4", "v4"), ("v4-8", "v4"),
-        ("TPU v5 lite", "v5e"), ("TPU v5e", "v5e"), ("v5litepod-16", "v5e"), ("TPU v5", "v5p"), ("v5p-8", "v5p"),
-        ("TPU v6 lite", "v6e"), ("v6e-1", "v6e"), ("TPU v7", None), ("", None), (None, None), ("CPU", None),
+        ("TPU v2", "v2"),
+        ("v2-8", "v2"),
+        ("TPU v3", "v3"),
+        ("v3-32", "v3"),
+        ("TPU v4", "v4"),
+        ("v4-8", "v4"),
+        ("TPU v5 lite", "v5e"),
+        ("TPU v5e", "v5e"),
+        ("v5litepod-16", "v5e"),
+        ("TPU v5", "v5p"),
+        ("v5p-8", "v5p"),
+        ("TPU v6 lite", "v6e"),
+        ("v6e-1", "v6e"),
+        ("TPU7x", "tpu7x"),
+        ("tpu7x-8", "tpu7x"),
+        ("TPU v7x", "tpu7x"),
+        ("TPU v9", None),
+        ("", None),
+        (None, None),
+        ("CPU", None),
     ],
 )
 def test_tpu_generation(kind, generation):
@@ -98,6 +119,67 @@ def test_tpu_peak_is_per_chip_divided_over_tensorflow_devices():
     assert flops.device_peak_flops("tpu", "v5litepod-4", 4)[0] == pytest.approx(4 * 197e12)
     assert flops.device_peak_flops("tpu", "v6e-8", 8)[0] == pytest.approx(8 * 918e12)
     assert flops.device_peak_flops("tpu", "v5p-8", 4)[0] == pytest.approx(4 * 459e12)
+    # TPU7x: 2307 TFLOP/s per chip over its two TensorCores (docs.cloud.google.com/tpu/docs/tpu7x).
+    assert flops.device_peak_flops("tpu", "tpu7x-8", 8)[0] == pytest.approx(4 * 2307e12)
+
+
+def test_every_generation_has_a_peak_and_a_device_count():
+    assert set(flops.PEAK_BF16_FLOPS_PER_CHIP) == set(flops.TF_DEVICES_PER_CHIP)
+    assert {"v2", "v3", "v4", "v5e", "v5p", "v6e", "tpu7x"} <= set(flops.PEAK_BF16_FLOPS_PER_CHIP)
+    for generation in filter(None, flops.TPU_PCI_DEVICE_IDS.values()):
+        assert generation in flops.PEAK_BF16_FLOPS_PER_CHIP
+
+
+@pytest.mark.parametrize("precision", ["float32", "mixed_bfloat16"])
+def test_tpu_peak_is_bf16_for_every_precision_and_says_so(precision):
+    peak, source = flops.device_peak_flops("tpu", "TPU v4", 4, precision=precision)
+    assert peak == pytest.approx(4 * 275e12)
+    assert "bfloat16 peak" in source and f"bf16 for {precision}" in source
+    assert flops.peak_dtype(precision, "tpu") == "bfloat16"
+
+
+def _fake_pci(root, devices):
+    for name, (vendor, device) in devices.items():
+        (root / name).mkdir()
+        (root / name / "vendor").write_text(vendor + "\n")
+        (root / name / "device").write_text(device + "\n")
+
+
+@pytest.mark.parametrize(
+    "devices, generation",
+    [
+        ({"0000:00:04.0": ("0x1ae0", "0x005e")}, "v4"),
+        ({"0000:00:03.0": ("0x10de", "0x2330"), "0000:00:05.0": ("0x1ae0", "0x0063")}, "v5e"),
+        ({"0000:00:05.0": ("0x1ae0", "0x006f")}, "v6e"),
+        ({"0000:00:05.0": ("0x1ae0", "0x0027")}, None),  # v2 and v3 share this id: no guess
+        ({"0000:00:05.0": ("0x10de", "0x005e")}, None),  # not Google's vendor id
+        ({}, None),
+    ],
+)
+def test_chip_generation_from_pci_ids(tmp_path, devices, generation):
+    _fake_pci(tmp_path, devices)
+    assert flops.pci_tpu_generation(str(tmp_path)) == generation
+
+
+def test_tpu_kind_falls_back_from_env_to_device_details_to_pci(monkeypatch):
+    import tensorflow as tf
+
+    monkeypatch.setenv("TPU_ACCELERATOR_TYPE", "v5litepod-8")
+    assert flops.detect_device_kind("tpu") == "v5litepod-8"
+    monkeypatch.delenv("TPU_ACCELERATOR_TYPE")
+    fake_tpu = tf.config.PhysicalDevice("/physical_device:TPU:0", "TPU")
+    monkeypatch.setattr(
+        tf.config, "list_physical_devices", lambda kind=None: [fake_tpu] if kind == "TPU" else []
+    )
+    monkeypatch.setattr(
+        tf.config.experimental, "get_device_details", lambda device: {"device_kind": "TPU v4"}
+    )
+    assert flops.detect_device_kind("tpu") == "TPU v4"
+    # TensorFlow documents device details for GPUs only: with none, the PCI ids decide.
+    monkeypatch.setattr(tf.config.experimental, "get_device_details", lambda device: {})
+    monkeypatch.setattr(flops, "pci_tpu_generation", lambda: "v6e")
+    assert flops.detect_device_kind("tpu") == "v6e"
+    assert flops.device_peak_flops("tpu", None, 8)[0] == pytest.approx(8 * 918e12)
 
 
 def test_unknown_tpu_gives_none_and_says_why():
@@ -119,7 +201,9 @@ def test_measured_rate_is_2n3_over_the_best_time():
 
 def test_cpu_peak_is_measured_once_then_read_from_the_cache(tmp_path, monkeypatch):
     cache = tmp_path / "peak_flops.json"
-    peak, source = flops.device_peak_flops("default", "CPU test-model", 1, cache_path=str(cache), matrix_size=128)
+    peak, source = flops.device_peak_flops(
+        "default", "CPU test-model", 1, cache_path=str(cache), matrix_size=128
+    )
     assert peak > 0 and source.startswith("measured")
     stored = json.loads(cache.read_text())
     assert stored == {"CPU test-model | float32 matmul 128x128": peak}
@@ -128,7 +212,9 @@ def test_cpu_peak_is_measured_once_then_read_from_the_cache(tmp_path, monkeypatc
         raise AssertionError("measured again although the cache has the value")
 
     monkeypatch.setattr(flops, "measure_matmul_flops", must_not_measure)
-    again, source = flops.device_peak_flops("default", "CPU test-model", 1, cache_path=str(cache), matrix_size=128)
+    again, source = flops.device_peak_flops(
+        "default", "CPU test-model", 1, cache_path=str(cache), matrix_size=128
+    )
     assert again == peak and source.startswith("cached")
 
 
@@ -140,10 +226,43 @@ def test_virtual_cpu_devices_share_one_host_peak(tmp_path):
     assert flops.device_peak_flops("default", "CPU x", 1, cache_path=str(cache))[0] == 1e11
 
 
+def test_cpu_peak_is_measured_in_the_training_dtype(tmp_path):
+    cache = tmp_path / "peak.json"
+    cache.write_text(
+        json.dumps({"CPU z | float32 matmul 64x64": 1e10, "CPU z | bfloat16 matmul 64x64": 3e10})
+    )
+    f32, f32_source = flops.device_peak_flops(
+        "default", "CPU z", 1, cache_path=str(cache), matrix_size=64
+    )
+    bf16, bf16_source = flops.device_peak_flops(
+        "default", "CPU z", 1, cache_path=str(cache), matrix_size=64, precision="mixed_bfloat16"
+    )
+    assert (f32, bf16) == (1e10, 3e10)
+    assert "float32 64x64 matmul" in f32_source and "bfloat16 64x64 matmul" in bf16_source
+    assert flops.peak_dtype("mixed_float16", "mirrored") == "float16"
+    with pytest.raises(ValueError, match="unknown precision 'fp8'"):
+        flops.device_peak_flops("default", "CPU z", 1, cache_path=str(cache), precision="fp8")
+
+
+def test_a_bf16_matmul_is_measured_for_real(tmp_path):
+    peak, source = flops.device_peak_flops(
+        "default",
+        "CPU w",
+        1,
+        cache_path=str(tmp_path / "p.json"),
+        matrix_size=64,
+        precision="mixed_bfloat16",
+    )
+    assert peak > 0 and source.startswith("measured bfloat16")
+    assert list(json.loads((tmp_path / "p.json").read_text())) == ["CPU w | bfloat16 matmul 64x64"]
+
+
 def test_a_corrupt_cache_is_remeasured(tmp_path):
     cache = tmp_path / "peak.json"
     cache.write_text("{not json")
-    peak, source = flops.device_peak_flops("default", "CPU y", 1, cache_path=str(cache), matrix_size=64)
+    peak, source = flops.device_peak_flops(
+        "default", "CPU y", 1, cache_path=str(cache), matrix_size=64
+    )
     assert peak > 0 and source.startswith("measured")
     assert json.loads(cache.read_text())["CPU y | float32 matmul 64x64"] == peak
 

@@ -11,8 +11,12 @@ Three pieces, each usable alone:
   units or a GPU's tensor cores measures, and they make a Dense(in -> out) layer exactly `2 * in * out` FLOPs per
   example. Bias adds, activations, normalization and softmax are left out, as in the MFU definition of the
   PaLM paper (Chowdhery et al., 2022, appendix B). Attention score matmuls are included (they are BatchMatMuls).
-* `device_peak_flops(...)`: on a TPU, the bf16 peak from Google's published per-chip numbers
-  (`PEAK_BF16_FLOPS_PER_CHIP`); on a CPU or GPU, the float32 matmul rate measured once on this machine and cached.
+* `device_peak_flops(...)`: the peak of the dtype that trains. On a TPU, the bf16 peak from Google's published
+  per-chip numbers (`PEAK_BF16_FLOPS_PER_CHIP`) for every precision: the TPU's matrix units multiply in bf16 even
+  for float32 matmuls at TensorFlow's default precision ("All multiplies take bfloat16 inputs",
+  cloud.google.com/tpu/docs/system-architecture-tpu-vm). On a CPU or GPU, the matmul rate of the compute dtype
+  (float32 for "float32", bfloat16 for "mixed_bfloat16", float16 for "mixed_float16") measured once on this
+  machine and cached. The source string names the dtype; `peak_dtype(precision)` gives it for metrics.
 * `mfu(...)`: the ratio, or None when any input is unknown.
 
 Nothing here raises during a training run: what cannot be computed is None, with a log line that says why.
@@ -21,6 +25,7 @@ Nothing here raises during a training run: what cannot be computed is None, with
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import logging
 import math
@@ -32,14 +37,16 @@ import time
 logger = logging.getLogger("tpukit")
 
 # bf16 peak FLOP/s per chip, from Google's Cloud TPU documentation (the "Peak compute per chip" row):
-#   v3:  123 teraflops (bf16)   https://cloud.google.com/tpu/docs/v3
-#   v4:  275 teraflops (bf16)   https://cloud.google.com/tpu/docs/v4
-#   v5e: 197 TFLOPs (bf16)      https://cloud.google.com/tpu/docs/v5e
-#   v5p: 459 TFLOPs (bf16)      https://cloud.google.com/tpu/docs/v5p
-#   v6e: 918 TFLOPs (bf16)      https://cloud.google.com/tpu/docs/v6e (Trillium)
-#   v2:  45 TFLOP/s: no current Cloud TPU page gives a per-chip number for v2. 45 is Google's 2017 announcement
-#        of 180 TFLOP/s per 4-chip Cloud TPU board, divided by 4 (Jouppi et al., "A Domain Specific
-#        Supercomputer for Training Deep Neural Networks", CACM 2020, give 46). Treat v2 MFU as +-3%.
+#   v3:    123 teraflops (bf16)   https://cloud.google.com/tpu/docs/v3
+#   v4:    275 teraflops (bf16)   https://cloud.google.com/tpu/docs/v4
+#   v5e:   197 TFLOPs (bf16)      https://cloud.google.com/tpu/docs/v5e
+#   v5p:   459 TFLOPs (bf16)      https://cloud.google.com/tpu/docs/v5p
+#   v6e:   918 TFLOPs (bf16)      https://cloud.google.com/tpu/docs/v6e (Trillium)
+#   tpu7x: 2307 TFLOPs (BF16)     https://docs.cloud.google.com/tpu/docs/tpu7x (Ironwood; the same page says
+#          TensorFlow is not supported on TPU7x: the row is for reports and device-kind parsing)
+#   v2:    45 TFLOP/s: no current Cloud TPU page gives a per-chip number for v2. 45 is Google's 2017 announcement
+#          of 180 TFLOP/s per 4-chip Cloud TPU board, divided by 4 (Jouppi et al., "A Domain Specific
+#          Supercomputer for Training Deep Neural Networks", CACM 2020, give 46). Treat v2 MFU as +-3%.
 PEAK_BF16_FLOPS_PER_CHIP: dict[str, float] = {
     "v2": 45e12,
     "v3": 123e12,
@@ -47,6 +54,7 @@ PEAK_BF16_FLOPS_PER_CHIP: dict[str, float] = {
     "v5e": 197e12,
     "v5p": 459e12,
     "v6e": 918e12,
+    "tpu7x": 2307e12,
 }
 
 # TensorFlow devices (TPUStrategy replicas) per chip. v2 and v3 chips have two TensorCores that TensorFlow shows
@@ -54,17 +62,66 @@ PEAK_BF16_FLOPS_PER_CHIP: dict[str, float] = {
 # two TensorCores"). v4 chips also have two TensorCores (cloud.google.com/tpu/docs/v4), as do v5p chips, but they
 # run fused as one "megacore" device, so a v4-8 (4 chips) has 4 replicas; this megacore mapping was not found in
 # the pages cited here and is unverified on hardware by tpukit. v5e and v6e chips have one TensorCore
-# (cloud.google.com/tpu/docs/v5e, v6e). If a TPU reports another device count, fix this table, not the peaks.
-TF_DEVICES_PER_CHIP: dict[str, int] = {"v2": 2, "v3": 2, "v4": 1, "v5e": 1, "v5p": 1, "v6e": 1}
+# (cloud.google.com/tpu/docs/v5e, v6e). TPU7x chips have two TensorCores (its docs page) shown as two devices
+# (JAX's topology strings for TPU7x have a trailing dimension of 2, jax-ml/jax jax/_src/hardware_utils.py);
+# unverified, and moot for TensorFlow, which TPU7x does not support. If a TPU reports another device count,
+# fix this table, not the peaks.
+TF_DEVICES_PER_CHIP: dict[str, int] = {
+    "v2": 2,
+    "v3": 2,
+    "v4": 1,
+    "v5e": 1,
+    "v5p": 1,
+    "v6e": 1,
+    "tpu7x": 2,
+}
+
+# PCI device ids of Google's TPU chips (vendor 0x1ae0), as JAX reads them to find the chip without any runtime
+# (jax-ml/jax jax/_src/hardware_utils.py, _TPU_PCI_DEVICE_IDS). 0x0027 is shared by v2 and v3: reported as "v3"
+# only when nothing better is known would be a guess, so it maps to None.
+TPU_PCI_DEVICE_IDS: dict[str, str | None] = {
+    "0x0027": None,
+    "0x005e": "v4",
+    "0x0062": "v5p",
+    "0x0063": "v5e",
+    "0x006f": "v6e",
+    "0x0076": "tpu7x",
+}
+
+# Keras dtype policy -> the dtype its matmuls compute in.
+_COMPUTE_DTYPES = {
+    "float32": "float32",
+    "mixed_bfloat16": "bfloat16",
+    "bfloat16": "bfloat16",
+    "mixed_float16": "float16",
+    "float16": "float16",
+}
+
 
 # The matrix operations counted by `model_flops_per_example` with TensorFlow's flops registry. Einsum has no
 # registry entry (Keras' EinsumDense and MultiHeadAttention emit it), so it is counted here (`_einsum_flops`).
-_MATRIX_OP_TYPES = ("MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Conv2D", "Conv3D",
-                    "DepthwiseConv2dNative", "Conv2DBackpropInput")
+_MATRIX_OP_TYPES = (
+    "MatMul",
+    "BatchMatMul",
+    "BatchMatMulV2",
+    "BatchMatMulV3",
+    "Conv2D",
+    "Conv3D",
+    "DepthwiseConv2dNative",
+    "Conv2DBackpropInput",
+)
 # Ops whose bodies live in other functions, which the profiler does not descend into: a graph with them would be
 # undercounted, so it is not counted at all.
-_NESTED_OP_TYPES = ("While", "StatelessWhile", "If", "StatelessIf", "Case", "StatelessCase",
-                    "PartitionedCall", "StatefulPartitionedCall")
+_NESTED_OP_TYPES = (
+    "While",
+    "StatelessWhile",
+    "If",
+    "StatelessIf",
+    "Case",
+    "StatelessCase",
+    "PartitionedCall",
+    "StatefulPartitionedCall",
+)
 
 # Forward + backward: the backward pass does two matmuls (input and weight gradients) per forward matmul.
 TRAINING_FLOPS_PER_FORWARD_FLOP = 3
@@ -102,8 +159,10 @@ def _einsum_flops(graph) -> int:
         operands = equation.split("->")[0].split(",")
         shapes = [tuple(t.shape) for t in op.inputs]
         if "." in equation or len(operands) != len(shapes) or any(None in s for s in shapes):
-            raise ValueError(f"cannot count the FLOPs of Einsum {op.name!r} with equation {equation!r} and input "
-                             f"shapes {shapes} (ellipsis or dynamic shape)")
+            raise ValueError(
+                f"cannot count the FLOPs of Einsum {op.name!r} with equation {equation!r} and input "
+                f"shapes {shapes} (ellipsis or dynamic shape)"
+            )
         sizes = {}
         for letters, shape in zip(operands, shapes, strict=True):
             sizes.update(zip(letters, shape, strict=True))
@@ -132,11 +191,15 @@ def forward_flops(model) -> int:
     graph = function.get_concrete_function(*specs).graph
     nested = sorted({op.type for op in graph.get_operations()} & set(_NESTED_OP_TYPES))
     if nested:
-        raise ValueError(f"the traced model contains {nested} ops, whose bodies the profiler does not count")
+        raise ValueError(
+            f"the traced model contains {nested} ops, whose bodies the profiler does not count"
+        )
     options = option_builder.ProfileOptionBuilder.float_operation()
     options["output"] = "none"
     options["account_type_regexes"] = [f"^{name}$" for name in _MATRIX_OP_TYPES]
-    with deprecation.silence():  # the flops registry calls a TF1 shape helper that warns on every call
+    with (
+        deprecation.silence()
+    ):  # the flops registry calls a TF1 shape helper that warns on every call
         profile = model_analyzer.profile(graph=graph, options=options)
     return int(profile.total_float_ops) + _einsum_flops(graph)
 
@@ -154,10 +217,16 @@ def model_flops_per_example(model) -> float | None:
     try:
         forward = forward_flops(model)
     except Exception as error:  # noqa: BLE001 - MFU is a report: it must never stop a run
-        logger.warning("tpukit: model FLOPs not counted, so no MFU is reported: %s: %s", type(error).__name__, error)
+        logger.warning(
+            "tpukit: model FLOPs not counted, so no MFU is reported: %s: %s",
+            type(error).__name__,
+            error,
+        )
         return None
     if forward <= 0:
-        logger.warning("tpukit: model FLOPs not counted: the profiler found no matrix operations in the model")
+        logger.warning(
+            "tpukit: model FLOPs not counted: the profiler found no matrix operations in the model"
+        )
         return None
     return float(TRAINING_FLOPS_PER_FORWARD_FLOP * forward)
 
@@ -165,12 +234,15 @@ def model_flops_per_example(model) -> float | None:
 def tpu_generation(device_kind: str | None) -> str | None:
     """The `PEAK_BF16_FLOPS_PER_CHIP` key for a TPU device kind or accelerator type, or None if unknown.
 
-    Accepts device kinds as runtimes report them ("TPU v4", "TPU v5 lite", "TPU v6e") and accelerator types
-    ("v3-8", "v5litepod-16", "v5p-8", "v6e-1").
+    Accepts device kinds as runtimes report them ("TPU v4", "TPU v5 lite", "TPU v6e", "TPU7x") and accelerator
+    types ("v3-8", "v5litepod-16", "v5p-8", "v6e-1", "tpu7x-8").
     """
     if not device_kind:
         return None
-    text = device_kind.lower().replace("tpu", " ").replace("_", " ")
+    lowered = device_kind.lower()
+    if re.search(r"tpu\s*7x|ironwood|(^|\W)v7x?(\W|$)", lowered):
+        return "tpu7x"
+    text = lowered.replace("tpu", " ").replace("_", " ")
     if re.search(r"v6\s*(e|lite)|trillium", text):
         return "v6e"
     if re.search(r"v5\s*(e|lite)", text):
@@ -181,11 +253,43 @@ def tpu_generation(device_kind: str | None) -> str | None:
     return f"v{match.group(1)}" if match else None
 
 
+def pci_tpu_generation(root: str = "/sys/bus/pci/devices") -> str | None:
+    """The TPU generation of the first Google PCI device under `root` with a known device id, or None."""
+    for vendor_path in sorted(glob.glob(os.path.join(root, "*", "vendor"))):
+        try:
+            with open(vendor_path, encoding="ascii") as f:
+                if f.read().strip().lower() != "0x1ae0":
+                    continue
+            with open(os.path.join(os.path.dirname(vendor_path), "device"), encoding="ascii") as f:
+                generation = TPU_PCI_DEVICE_IDS.get(f.read().strip().lower())
+        except OSError:
+            continue
+        if generation:
+            return generation
+    return None
+
+
+def peak_dtype(precision: str, strategy_kind: str = "default") -> str:
+    """The dtype whose peak MFU is measured against: "bfloat16" on a TPU, else the policy's compute dtype.
+
+    Args:
+        precision: the Keras dtype policy name the model trains with ("float32", "mixed_bfloat16", ...).
+        strategy_kind: `tpukit.strategy.kind_of(strategy)`.
+    """
+    if precision not in _COMPUTE_DTYPES:
+        raise ValueError(
+            f"peak_dtype: unknown precision {precision!r}; expected one of {sorted(_COMPUTE_DTYPES)}."
+        )
+    return "bfloat16" if strategy_kind == "tpu" else _COMPUTE_DTYPES[precision]
+
+
 def detect_device_kind(strategy_kind: str) -> str | None:
     """Best-effort description of the accelerator behind a strategy kind (see `tpukit.strategy.kind_of`).
 
-    TPU: `$TPU_ACCELERATOR_TYPE` (set on Cloud TPU VMs, GKE and the Colab/Kaggle TPU runtimes), else the
-    `device_kind` TensorFlow reports for the first local TPU; None when neither says (e.g. a remote TPU Node).
+    TPU: `$TPU_ACCELERATOR_TYPE` (set on GKE and the Colab/Kaggle TPU runtimes), else the `device_kind`
+    TensorFlow reports for the first local TPU (TensorFlow documents device details for GPUs only, so this may
+    be empty), else the chip generation read from the Google PCI device ids under /sys (`pci_tpu_generation`,
+    a plain Cloud TPU VM); None when none says (e.g. a remote TPU Node).
     GPU: TensorFlow's device name of the first GPU. CPU: the processor model and core count.
     """
     import tensorflow as tf
@@ -198,7 +302,7 @@ def detect_device_kind(strategy_kind: str) -> str | None:
             details = tf.config.experimental.get_device_details(devices[0]) if devices else {}
         except Exception:  # noqa: BLE001 - details are optional for every device type
             details = {}
-        return details.get("device_kind") or None
+        return details.get("device_kind") or pci_tpu_generation()
     gpus = tf.config.list_physical_devices("GPU")
     if gpus:
         try:
@@ -226,8 +330,14 @@ def default_cache_path() -> str:
     return os.path.join(cache_home, "tpukit", "peak_flops.json")
 
 
-def measure_matmul_flops(matrix_size: int = 2048, repeats: int = 3, device: str | None = None, timer=time.perf_counter) -> float:
-    """FLOP/s of a float32 `matrix_size`-square matmul on `device` (default: TensorFlow's default device).
+def measure_matmul_flops(
+    matrix_size: int = 2048,
+    repeats: int = 3,
+    device: str | None = None,
+    timer=time.perf_counter,
+    dtype: str = "float32",
+) -> float:
+    """FLOP/s of a `dtype` `matrix_size`-square matmul on `device` (default: TensorFlow's default device).
 
     One warm-up, then the best of `repeats` timed matmuls (best-of filters out other processes' noise). Each
     matmul is `2 * matrix_size**3` FLOPs; a scalar reduction of the product forces it to finish (GPUs run
@@ -236,11 +346,13 @@ def measure_matmul_flops(matrix_size: int = 2048, repeats: int = 3, device: str 
     import tensorflow as tf
 
     if matrix_size < 1 or repeats < 1:
-        raise ValueError(f"measure_matmul_flops: matrix_size and repeats must be >= 1; received "
-                         f"matrix_size={matrix_size}, repeats={repeats}.")
+        raise ValueError(
+            f"measure_matmul_flops: matrix_size and repeats must be >= 1; received "
+            f"matrix_size={matrix_size}, repeats={repeats}."
+        )
     with tf.device(device) if device else contextlib.nullcontext():
-        a = tf.random.stateless_normal((matrix_size, matrix_size), seed=(1, 2), dtype=tf.float32)
-        b = tf.random.stateless_normal((matrix_size, matrix_size), seed=(3, 4), dtype=tf.float32)
+        a = tf.cast(tf.random.stateless_normal((matrix_size, matrix_size), seed=(1, 2)), dtype)
+        b = tf.cast(tf.random.stateless_normal((matrix_size, matrix_size), seed=(3, 4)), dtype)
         tf.reduce_sum(tf.matmul(a, b)).numpy()  # warm-up: kernel selection, thread pool start
         best = math.inf
         for _ in range(repeats):
@@ -265,24 +377,28 @@ def _write_cache(path: str, cache: dict) -> None:
         temporary = f"{path}.{os.getpid()}.tmp"
         with open(temporary, "w", encoding="utf-8") as f:
             json.dump(cache, f, indent=2, sort_keys=True)
-        os.replace(temporary, path)  # atomic: two processes measuring at once never leave half a file
+        os.replace(
+            temporary, path
+        )  # atomic: two processes measuring at once never leave half a file
     except OSError as error:
         logger.warning("tpukit: could not cache the measured peak FLOP/s in %s: %s", path, error)
 
 
-def measured_peak_flops(device_kind: str, cache_path: str | None = None, matrix_size: int = 2048) -> tuple[float, bool]:
-    """The float32 matmul FLOP/s of this machine's default device: from the cache, else measured and cached.
+def measured_peak_flops(
+    device_kind: str, cache_path: str | None = None, matrix_size: int = 2048, dtype: str = "float32"
+) -> tuple[float, bool]:
+    """The `dtype` matmul FLOP/s of this machine's default device: from the cache, else measured and cached.
 
     Returns:
         (flops_per_second, from_cache).
     """
     path = cache_path or default_cache_path()
-    key = f"{device_kind} | float32 matmul {matrix_size}x{matrix_size}"
+    key = f"{device_kind} | {dtype} matmul {matrix_size}x{matrix_size}"
     cache = _read_cache(path)
     cached = cache.get(key)
     if isinstance(cached, (int, float)) and cached > 0:
         return float(cached), True
-    flops = measure_matmul_flops(matrix_size)
+    flops = measure_matmul_flops(matrix_size, dtype=dtype)
     cache[key] = flops
     _write_cache(path, cache)
     return flops, False
@@ -295,8 +411,9 @@ def device_peak_flops(
     cache_path: str | None = None,
     *,
     matrix_size: int = 2048,
+    precision: str = "float32",
 ) -> tuple[float | None, str]:
-    """Peak FLOP/s of all the devices a strategy trains on, and a sentence saying where the number comes from.
+    """Peak FLOP/s of all the devices a strategy trains on, for the dtype that trains, and where it comes from.
 
     Args:
         strategy_kind: `tpukit.strategy.kind_of(strategy)`: "tpu", "multi_worker", "mirrored", "one_device" or
@@ -306,32 +423,40 @@ def device_peak_flops(
             the model name: a cache shared by several machine types keeps one entry each). None: detect it.
         num_devices: the devices (replicas) the strategy trains on: `strategy.num_replicas_in_sync`.
         cache_path: the JSON file of measured CPU/GPU peaks; default `default_cache_path()`.
-        matrix_size: side of the square float32 matmul used to measure a CPU or GPU.
+        matrix_size: side of the square matmul used to measure a CPU or GPU.
+        precision: the Keras dtype policy the model trains with ("float32", "mixed_bfloat16", ...): a CPU or
+            GPU is measured in its compute dtype (`peak_dtype`); a TPU's peak is bf16 for every policy.
 
     Returns:
-        (peak FLOP/s in total or None when unknown, source). TPU: bf16 peak per chip from
+        (peak FLOP/s in total or None when unknown, source); the source names the dtype. TPU: bf16 peak per chip from
         `PEAK_BF16_FLOPS_PER_CHIP`, divided by `TF_DEVICES_PER_CHIP`, times `num_devices`. GPU: the measured
-        float32 matmul rate of one GPU times `num_devices`. CPU: the measured rate of the host (TensorFlow's
+        matmul rate of one GPU in the compute dtype times `num_devices`. CPU: the measured rate of the host (TensorFlow's
         matmul already uses every core) times the number of hosts, so virtual CPU devices are not counted twice.
     """
     if num_devices < 1:
-        raise ValueError(f"device_peak_flops: num_devices must be >= 1; received num_devices={num_devices}. "
-                         "Fix: pass strategy.num_replicas_in_sync.")
+        raise ValueError(
+            f"device_peak_flops: num_devices must be >= 1; received num_devices={num_devices}. "
+            "Fix: pass strategy.num_replicas_in_sync."
+        )
+    dtype = peak_dtype(precision, strategy_kind)
     if device_kind is None:
         device_kind = detect_device_kind(strategy_kind)
     if strategy_kind == "tpu":
         generation = tpu_generation(device_kind)
         if generation is None:
-            return None, (f"unknown TPU device kind {device_kind!r} (known: {', '.join(PEAK_BF16_FLOPS_PER_CHIP)}); "
-                          "no peak FLOP/s, so no MFU")
+            return None, (
+                f"unknown TPU device kind {device_kind!r} (known: {', '.join(PEAK_BF16_FLOPS_PER_CHIP)}); "
+                "no peak FLOP/s, so no MFU"
+            )
         per_chip = PEAK_BF16_FLOPS_PER_CHIP[generation]
         per_device = per_chip / TF_DEVICES_PER_CHIP[generation]
         return per_device * num_devices, (
-            f"TPU {generation} bf16 peak {per_chip / 1e12:g} TFLOP/s per chip (Cloud TPU docs) / "
-            f"{TF_DEVICES_PER_CHIP[generation]} device(s) per chip x {num_devices} device(s)"
+            f"TPU {generation} bfloat16 peak {per_chip / 1e12:g} TFLOP/s per chip (Cloud TPU docs; the MXUs multiply "
+            f"in bf16 for {precision} too) / {TF_DEVICES_PER_CHIP[generation]} device(s) per chip x {num_devices} "
+            "device(s)"
         )
     try:
-        per_unit, cached = measured_peak_flops(device_kind, cache_path, matrix_size)
+        per_unit, cached = measured_peak_flops(device_kind, cache_path, matrix_size, dtype)
     except Exception as error:  # noqa: BLE001 - MFU is a report: it must never stop a run
         return None, f"measuring the peak FLOP/s failed ({type(error).__name__}: {error}); no MFU"
     import tensorflow as tf
@@ -342,7 +467,7 @@ def device_peak_flops(
     else:
         units, unit_name = _cpu_hosts(num_devices), "host(s)"
     return per_unit * units, (
-        f"{how} float32 {matrix_size}x{matrix_size} matmul peak of {device_kind}: {per_unit / 1e9:.1f} GFLOP/s "
+        f"{how} {dtype} {matrix_size}x{matrix_size} matmul peak of {device_kind}: {per_unit / 1e9:.1f} GFLOP/s "
         f"x {units} {unit_name}"
     )
 
@@ -355,7 +480,9 @@ def _cpu_hosts(num_devices: int) -> int:
     return max(1, num_devices // local)
 
 
-def mfu(flops_per_example: float | None, examples_per_second: float | None, peak_flops: float | None) -> float | None:
+def mfu(
+    flops_per_example: float | None, examples_per_second: float | None, peak_flops: float | None
+) -> float | None:
     """Model FLOPs utilization: `flops_per_example * examples_per_second / peak_flops`, or None if any is unknown.
 
     Args:
