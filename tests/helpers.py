@@ -44,15 +44,16 @@ def free_ports(count: int) -> list[int]:
     return ports
 
 
-def start_workers(log_dir, args_for, count: int = 2, timeout: int = 300) -> list[int]:
+def start_workers(log_dir, args_for, count: int = 2, timeout: int = 300, env_for=None) -> list[int]:
     """Runs `args_for(index)` as `count` MultiWorkerMirroredStrategy workers on 127.0.0.1 (TF_CONFIG each) and
-    returns their exit codes; each worker's output goes to `log_dir/worker{index}.log`. Bounded by `timeout`."""
+    returns their exit codes; each worker's output goes to `log_dir/worker{index}.log`. Bounded by `timeout`.
+    `env_for(index)`, if given, adds environment variables for one worker."""
     workers = [f"127.0.0.1:{port}" for port in free_ports(count)]
     processes = []
     for index in range(count):
         tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
         env = dict(os.environ, TF_CONFIG=json.dumps(tf_config), TF_CPP_MIN_LOG_LEVEL="2", KERAS_BACKEND="tensorflow",
-                   CUDA_VISIBLE_DEVICES="")
+                   CUDA_VISIBLE_DEVICES="", **(env_for(index) if env_for else {}))
         log = open(os.path.join(log_dir, f"worker{index}.log"), "w")
         processes.append((subprocess.Popen(args_for(index), env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO), log))
     try:

@@ -81,3 +81,28 @@ def test_the_cli_trains_a_recipe_on_a_two_worker_cluster(tmp_path):
     assert metrics[0]["eval_examples"] == 360 and metrics[0]["eval"]["accuracy"] > 0.5
     assert "TF_CONFIG describes a cluster of 2 worker(s)" in logs[0]
     assert "not the chief" in logs[1] and "not the chief" not in logs[0]
+
+
+def test_sigterm_on_one_worker_stops_every_worker_at_the_same_step_and_all_resume(tmp_path):
+    # A preempted host gets SIGTERM alone: here worker 1 (not the chief) at step 10 of 44.
+    output_dir = tmp_path / "run"
+
+    def args(index):
+        return [sys.executable, "-m", "tpukit.train", "recipes/digits_cnn.yaml", "--output_dir", str(output_dir),
+                "--set", "train.epochs=1", "--set", "data.global_batch_size=32", "--set", "runtime.steps_per_execution=2",
+                "--set", "data.deterministic=true"]
+
+    codes = start_workers(tmp_path, args, env_for=lambda i: {"TPUKIT_TEST_SIGTERM_AT_STEP": "10"} if i == 1 else {})
+    logs = [(tmp_path / f"worker{i}.log").read_text() for i in range(2)]
+    assert codes == [143, 143], logs[0][-3000:] + logs[1][-3000:]
+    assert all("stopped by SIGTERM at step 10" in log for log in logs)
+    for directory in (output_dir, output_dir / "worker1"):
+        assert json.loads((directory / "metrics.json").read_text())["status"] == "preempted"
+        assert json.loads((directory / "metrics.json").read_text())["step"] == 10
+
+    codes = start_workers(tmp_path, args)  # the same command on every worker
+    logs = [(tmp_path / f"worker{i}.log").read_text() for i in range(2)]
+    assert codes == [0, 0], logs[0][-3000:]
+    for directory in (output_dir, output_dir / "worker1"):
+        metrics = json.loads((directory / "metrics.json").read_text())
+        assert metrics["resumed_from_step"] == 10 and metrics["step"] == 44

@@ -53,6 +53,7 @@ class TrainingGuard(keras.callbacks.Callback):
         self._previous_handler = None
         self._last_saved = checkpointer.step
         self._sigterm_at = int(os.environ.get(_TEST_SIGTERM_AT_STEP, "0") or 0)
+        self._agree = None
 
     # -- signals ---------------------------------------------------------------------------------------------------
     def _on_sigterm(self, signum, frame):
@@ -62,6 +63,7 @@ class TrainingGuard(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         if threading.current_thread() is threading.main_thread():
             self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+        self._agree = _any_worker_function(self.model.distribute_strategy)
 
     def on_train_end(self, logs=None):
         if self._previous_handler is not None:
@@ -92,6 +94,10 @@ class TrainingGuard(keras.callbacks.Callback):
         if self._sigterm_at and step >= self._sigterm_at:
             self._sigterm_at = 0
             os.kill(os.getpid(), signal.SIGTERM)
+        if self._agree is not None:
+            # A preempted host gets SIGTERM alone while the others wait in its collectives: every worker learns of
+            # it at the same execution, so all save the same step and stop together.
+            self._sigterm = self._agree(self._sigterm)
         if self._sigterm:
             if not self._save():
                 return
@@ -105,6 +111,21 @@ class TrainingGuard(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if self.diverged_at is None and not self.preempted:
             self._save()
+
+
+def _any_worker_function(strategy):
+    """For a MultiWorkerMirroredStrategy, `agree(flag) -> bool`: True when the flag is set on any worker (one scalar
+    all-reduce, called by every worker at the end of the same execution); None for other strategies."""
+    import tensorflow as tf
+
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return None
+
+    @tf.function
+    def count(flag):
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.identity(flag)), axis=None)
+
+    return lambda flag: bool(count(tf.constant(1 if flag else 0, tf.int32)) > 0)
 
 
 @dataclasses.dataclass
