@@ -83,11 +83,14 @@ def tpu_vm_present(env: dict[str, str] | None = None) -> bool:
     MultiWorkerMirroredStrategy can no longer be created.
     """
     env = dict(os.environ) if env is None else env
+    return tpu_vm_environment(env) or bool(tpu_device_files())
+
+
+def tpu_vm_environment(env: dict[str, str]) -> bool:
+    """The environment-variable half of `tpu_vm_present`: Colab's, Kaggle's and GKE's TPU variables."""
     if env.get("COLAB_TPU_1VM") == "1" or env.get("ISTPUVM") == "1":
         return True
-    if env.get("TPU_ACCELERATOR_TYPE") or env.get("TPU_WORKER_ID"):
-        return True
-    return bool(tpu_device_files())
+    return bool(env.get("TPU_ACCELERATOR_TYPE") or env.get("TPU_WORKER_ID"))
 
 
 def _gpu_count() -> int:
