@@ -173,7 +173,11 @@ def test_unknown_tpu_pair_fails_with_the_pinned_install():
     assert finding.fix == f"`{PINNED}`, {doctor.RESTART}"
 
 
-def test_known_but_unpinned_tpu_row_warns():
+def test_known_but_unpinned_tpu_row_warns(monkeypatch):
+    documented = versions.Combination(
+        "tensorflow-tpu", "2.18.0", "2.18.0", ">=3.9,<3.13", False, "test row"
+    )
+    monkeypatch.setattr(versions, "COMBINATIONS", (*versions.COMBINATIONS, documented))
     installed = {**GOOD_TPU, "tensorflow-tpu": "2.18.0", "libtpu": "2.18.0"}
     (finding,) = by_topic(doctor.check_versions(detect({"ISTPUVM": "1"}), installed), "tensorflow")
     assert (
@@ -181,6 +185,16 @@ def test_known_but_unpinned_tpu_row_warns():
         and "not the pinned row" in finding.message
         and PINNED in finding.message
     )
+
+
+def test_google_tf_2_18_image_is_refused_with_the_pinned_install():
+    installed = {**GOOD_TPU, "tensorflow-tpu": "2.18.0", "libtpu": "2.18.0"}
+    (finding,) = by_topic(doctor.check_versions(detect({"ISTPUVM": "1"}), installed), "tensorflow")
+    assert (
+        finding.level == "fail"
+        and "tensorflow-tpu 2.18.0 with libtpu 2.18.0 is not a combination" in finding.message
+    )
+    assert PINNED in finding.fix
 
 
 def test_no_tensorflow_at_all():
