@@ -5,7 +5,7 @@ Run by hand (not a test):
     python benchmarks/input_pipeline.py              # every case whose model exists in tpukit.models.MODELS
     python benchmarks/input_pipeline.py --seconds 3  # longer timing windows
 
-Each case builds its pipeline exactly as `tpukit.run` does (recipe -> `_input_fns`, default knobs) and times
+Each case builds its pipeline exactly as `tpukit.run` does (recipe -> `input_fns`, default knobs) and times
 batches drawn from it; the model's train step is timed separately on one fixed batch held in memory, compiled as
 the run compiles it on this host. The ratio pipeline/step should be >= 3 so that input never limits training
 (on this host both share the CPU cores, so the ratio is an upper bound of the headroom). Data is local and
@@ -28,7 +28,7 @@ import tensorflow as tf  # noqa: E402
 from tpukit import performance  # noqa: E402
 from tpukit.models import MODELS  # noqa: E402
 from tpukit.recipe import from_dict  # noqa: E402
-from tpukit.runner import _build_and_compile, _input_fns  # noqa: E402
+from tpukit.runner import build_model, input_fns  # noqa: E402
 
 
 def write_jpeg_tfrecords(directory: str, split: str, files: int, per_file: int, shape: tuple[int, int]) -> str:
@@ -95,7 +95,7 @@ def pipeline_rate(dataset: tf.data.Dataset, batch: int, seconds: float) -> tuple
 def step_rate(recipe, batch_tensors, batch: int, seconds: float) -> float:
     strategy = tf.distribute.get_strategy()
     jit = performance.choose_jit_compile("auto", "default", 1).value
-    model = _build_and_compile(recipe, strategy, total_steps=1000, jit_compile=jit, steps_per_execution=1)
+    model = build_model(recipe, strategy, total_steps=1000, jit_compile=jit, steps_per_execution=1)
     data = tf.data.Dataset.from_tensors(batch_tensors).repeat()
     model.fit(data, steps_per_epoch=2, epochs=1, verbose=0)  # compile
     start = time.perf_counter()
@@ -119,7 +119,7 @@ def main() -> None:
                 continue
             recipe = from_dict(raw, path=name)
             batch = recipe.data.global_batch_size
-            train_fn, _ = _input_fns(recipe, eval_examples=0)
+            train_fn, _ = input_fns(recipe, eval_examples=0)
             pipe, first = pipeline_rate(train_fn(None), batch, args.seconds)
             step = step_rate(recipe, first, batch, args.seconds)
             rows.append((name, pipe, step, ""))

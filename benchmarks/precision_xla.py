@@ -22,15 +22,15 @@ import tensorflow as tf  # noqa: E402
 
 from tpukit import data  # noqa: E402
 from tpukit.recipe import load_recipe  # noqa: E402
-from tpukit.runner import _build_and_compile, _input_fns, count_examples  # noqa: E402
+from tpukit.runner import build_model, count_examples, input_fns  # noqa: E402
 
 
 def steps_per_second(recipe, precision: str, jit: bool, steps: int) -> float:
     keras.mixed_precision.set_global_policy(precision)
     keras.utils.set_random_seed(0)
     strategy = tf.distribute.get_strategy()
-    train_fn, _ = _input_fns(recipe, 0)
-    model = _build_and_compile(recipe, strategy, total_steps=steps + 10, jit_compile=jit, steps_per_execution=1)
+    train_fn, _ = input_fns(recipe, 0)
+    model = build_model(recipe, strategy, total_steps=steps + 10, jit_compile=jit, steps_per_execution=1)
     dataset = data.distribute(strategy, train_fn)
     model.fit(dataset, epochs=1, steps_per_epoch=10, verbose=0)  # compile and warm up
     start = time.perf_counter()

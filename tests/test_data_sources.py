@@ -9,7 +9,7 @@ from test_data_tfrecord import _write
 
 from tpukit import data
 from tpukit.recipe import RecipeError, from_dict
-from tpukit.runner import _input_fns, count_examples
+from tpukit.runner import count_examples, input_fns
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +48,7 @@ def test_training_and_eval_batches_have_static_shapes(source, policy, source_opt
     recipe = _recipe(source, source_options[source])
     with tfds.testing.mock_data(num_examples=8):
         eval_examples = count_examples(recipe, "test")
-        train_fn, eval_fn = _input_fns(recipe, eval_examples)
+        train_fn, eval_fn = input_fns(recipe, eval_examples)
         ctx = tf.distribute.InputContext(1, 0, 2)
         for dataset in (train_fn(ctx), eval_fn(ctx)):
             for spec in tf.nest.flatten(dataset.element_spec):
@@ -75,6 +75,6 @@ def test_reserved_args_are_not_recipe_keys(source_options):
 
 def test_pipeline_knobs_reach_the_dataset(source_options):
     recipe = _recipe("digits", {"private_threadpool_size": 2, "prefetch_batches": 3, "deterministic": True})
-    train_fn, _ = _input_fns(recipe, 0)
+    train_fn, _ = input_fns(recipe, 0)
     options = train_fn(None).options()
     assert options.threading.private_threadpool_size == 2 and options.deterministic is True

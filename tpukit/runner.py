@@ -1,4 +1,11 @@
-"""`run(recipe, output_dir)`: the one place that wires strategy -> data -> model -> fit -> outputs.
+"""`run(recipe, output_dir)`: plan -> build -> train -> evaluate and export -> report, each a public function.
+
+    the_plan = tpukit.plan(recipe, mode="train_and_eval", output_dir="runs/x")   # decisions only, nothing written
+    session = tpukit.runner.build(the_plan)        # the model, compiled under the strategy, restored if resuming
+    outcome = tpukit.runner.train(session)         # fit with checkpoints, SIGTERM, NaN rollback (tpukit.trainer)
+    evaluation = tpukit.runner.evaluate(session, outcome)
+    exported = tpukit.runner.export(session, outcome)
+    metrics = tpukit.runner.report(session, outcome, evaluation, exported)
 
 Outputs in `output_dir`: `recipe.yaml` (resolved), `checkpoints/`, `logs/` (TensorBoard), `model.keras`,
 `metrics.json`. Re-running with the same output directory resumes from the newest checkpoint.
@@ -6,6 +13,8 @@ Outputs in `output_dir`: `recipe.yaml` (resolved), `checkpoints/`, `logs/` (Tens
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import itertools
 import json
 import logging
@@ -13,31 +22,29 @@ import math
 import os
 import sys
 import time
+from typing import Any
 
-from tpukit import compat
+from tpukit.plan import (
+    MODES,
+    Plan,
+    check_batch_sizes,
+    check_resume,
+    count_examples,
+    eval_batch_size,
+    plan,
+)
 from tpukit.recipe import Recipe, RecipeError, save_recipe
 
 logger = logging.getLogger("tpukit")
 
-
-def count_examples(recipe: Recipe, split: str) -> int:
-    """Examples in a split of the recipe's source (its fast counter, else its cardinality, else one pass)."""
-    import tensorflow as tf
-
-    from tpukit.data import EXAMPLE_COUNTS, SOURCES
-
-    counter = EXAMPLE_COUNTS.get(recipe.data.source)  # fast path: metadata or raw records, nothing decoded
-    count = counter(split=split, **recipe.data.options) if counter else None
-    if count is not None:
-        return count
-    dataset = SOURCES[recipe.data.source](split=split, input_context=None, **recipe.data.options)
-    count = int(dataset.cardinality())
-    if count < 0:  # unknown or infinite: count once
-        count = int(dataset.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1))
-    return count
+__all__ = [
+    "MODES", "Session", "build", "check_batch_sizes", "count_examples", "eval_batch_size", "evaluate", "export",
+    "input_fns", "plan", "report", "run", "train",
+]
 
 
-def _input_fns(recipe: Recipe, eval_examples: int, steps_per_epoch: int):
+def input_fns(recipe: Recipe, eval_examples: int, steps_per_epoch: int | None = None):
+    """`(train_fn(input_context, skip_steps), eval_fn(input_context, steps))`: the recipe's tf.data pipelines."""
     import keras
 
     from tpukit import data
@@ -74,7 +81,7 @@ def _input_fns(recipe: Recipe, eval_examples: int, steps_per_epoch: int):
             **pipeline_knobs,
         )
 
-    def eval_fn(input_context, steps):
+    def eval_fn(input_context, steps=None):
         examples, cache = examples_and_cache(config.eval_split, input_context, training=False)
         return data.eval_batches(
             examples, eval_examples, eval_batch_size(recipe), input_context, cache=cache, repeat=True, steps=steps,
@@ -84,32 +91,8 @@ def _input_fns(recipe: Recipe, eval_examples: int, steps_per_epoch: int):
     return train_fn, eval_fn
 
 
-def eval_batch_size(recipe: Recipe) -> int:
-    return recipe.data.eval_global_batch_size or recipe.data.global_batch_size
-
-
-def check_batch_sizes(recipe: Recipe, replicas: int, train_examples: int) -> int:
-    """Validates the global batch sizes against the replica count and dataset; returns steps per epoch."""
-    for key, value in (("global_batch_size", recipe.data.global_batch_size), ("eval_global_batch_size", eval_batch_size(recipe))):
-        if value % replicas:
-            lower = max(replicas, value // replicas * replicas)
-            raise RecipeError(
-                f"{recipe.path}: data.{key}={value} does not divide by the {replicas} replicas of this strategy. "
-                f"Fix: use a multiple of {replicas}, e.g. --set data.{key}={lower}."
-            )
-    if recipe.train.steps_per_epoch:
-        return recipe.train.steps_per_epoch
-    steps = train_examples // recipe.data.global_batch_size
-    if steps < 1:
-        raise RecipeError(
-            f"{recipe.path}: data.global_batch_size={recipe.data.global_batch_size} is larger than the "
-            f"{train_examples} examples of split {recipe.data.train_split!r}, so an epoch has no full batch. "
-            f"Fix: use a global batch of at most {train_examples}, or set train.steps_per_epoch."
-        )
-    return steps
-
-
-def _build_and_compile(recipe: Recipe, strategy, total_steps: int, jit_compile: bool, steps_per_execution: int):
+def build_model(recipe: Recipe, strategy, total_steps: int, jit_compile: bool, steps_per_execution: int):
+    """The recipe's model, built and compiled under `strategy.scope()` (the global dtype policy is the caller's)."""
     import keras
 
     from tpukit.losses import build_loss
@@ -135,6 +118,8 @@ def _build_and_compile(recipe: Recipe, strategy, total_steps: int, jit_compile: 
     return model
 
 
+
+
 def _probe_steps_per_execution(recipe: Recipe, strategy, make_dataset, steps_per_epoch: int, jit: bool, start_step: int) -> int:
     """Times a few steps of a throwaway copy of the model (one step per call) and returns `loop.auto_...`'s pick.
 
@@ -153,7 +138,7 @@ def _probe_steps_per_execution(recipe: Recipe, strategy, make_dataset, steps_per
             self.times.append(time.perf_counter())
 
     probe_steps = min(steps_per_epoch, 8)
-    model = _build_and_compile(recipe, strategy, steps_per_epoch, jit, steps_per_execution=1)
+    model = build_model(recipe, strategy, steps_per_epoch, jit, steps_per_execution=1)
     timer = Timer()
     model.fit(make_dataset(0), epochs=1, steps_per_epoch=probe_steps, verbose=0, callbacks=[timer], shuffle=False)
     gaps = sorted(b - a for a, b in itertools.pairwise(timer.times))  # the first call (compilation) is left out
@@ -213,7 +198,197 @@ def _callbacks(recipe: Recipe, output_dir: str, throughput, steps_per_execution:
     return result
 
 
-MODES = ("train_and_eval", "train", "eval")
+@dataclasses.dataclass
+class Session:
+    """What `build` made from a plan: the compiled model, its checkpointer and the numbers the report needs."""
+
+    plan: Plan
+    model: Any
+    checkpointer: Any
+    start_step: int
+    flops_per_example: float | None
+    peak_flops: float | None
+    peak_source: str
+    throughput: Any
+
+
+@contextlib.contextmanager
+def dtype_policy(name: str):
+    """Sets Keras' global dtype policy for a run and restores the caller's when it ends."""
+    import keras
+
+    previous = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy(name)
+    try:
+        yield
+    finally:
+        keras.mixed_precision.set_global_policy(previous)
+
+
+def _train_dataset(the_plan: Plan):
+    from tpukit import data
+
+    train_fn, _ = input_fns(the_plan.recipe, the_plan.eval_examples, the_plan.steps_per_epoch)
+
+    def make(position):
+        # Each epoch's order depends only on (seed, epoch): a resume reads just the batches already trained in its
+        # epoch (`data.training_batches`), and with data.deterministic sees exactly an uninterrupted run's data.
+        return data.distribute(the_plan.strategy, lambda ctx: train_fn(ctx, skip_steps=position))
+
+    return make
+
+
+def _eval_dataset(the_plan: Plan):
+    from tpukit import data
+
+    _, eval_fn = input_fns(the_plan.recipe, the_plan.eval_examples, the_plan.steps_per_epoch)
+    return lambda: data.distribute(the_plan.strategy, lambda ctx: eval_fn(ctx, the_plan.eval_steps))
+
+
+def build(the_plan: Plan) -> Session:
+    """Resolves `steps_per_execution: auto` (a probe on a throwaway model), then seeds, builds and compiles the model
+    under the plan's strategy, and restores the newest readable checkpoint. Call it under `dtype_policy`."""
+    import keras
+
+    from tpukit import checkpoint as checkpoint_lib
+    from tpukit import flops, loop
+    from tpukit.callbacks import Throughput
+
+    recipe, strategy = the_plan.recipe, the_plan.strategy
+    if the_plan.steps_per_execution == "auto":
+        # Before seeding, so the model trained below is initialized exactly as with a fixed value.
+        try:
+            chosen = _probe_steps_per_execution(recipe, strategy, _train_dataset(the_plan), the_plan.steps_per_epoch,
+                                                the_plan.jit_compile, the_plan.resume_step)
+        except ValueError as error:  # builder or optimizer arguments that do not fit together
+            raise RecipeError(f"{recipe.path}: {error}") from None
+        the_plan = the_plan.resolved(chosen)
+    keras.utils.set_random_seed(recipe.train.seed)
+    try:
+        model = build_model(recipe, strategy, the_plan.total_steps, the_plan.jit_compile, the_plan.steps_per_execution)
+    except ValueError as error:  # builder or optimizer arguments that do not fit together
+        raise RecipeError(f"{recipe.path}: {error}") from None
+    # Keras 3.15's own train function fails with steps_per_execution > 1 on 2+ Mirrored replicas
+    # (keras-team/keras#19246) and on every MultiWorkerMirroredStrategy; see loop.py.
+    loop.use_multi_step_loop(model)
+    checkpointer = checkpoint_lib.Checkpointer(
+        the_plan.checkpoint_dir, model, model.optimizer, recipe.runtime.max_checkpoints_to_keep,
+        options=checkpoint_lib.io_options(the_plan.io_device),
+    )
+    with strategy.scope():
+        try:
+            start_step = checkpointer.restore(the_plan.checkpoint if the_plan.mode == "eval" else None)
+        except (checkpoint_lib.CheckpointMismatchError, checkpoint_lib.CheckpointCorruptError) as error:
+            raise RecipeError(str(error)) from None
+    if the_plan.training and start_step != the_plan.resume_step:  # fell back past a damaged newest checkpoint
+        check_resume(recipe, the_plan.steps_per_epoch, the_plan.total_steps, the_plan.steps_per_execution, start_step)
+    flops_per_example = flops.model_flops_per_example(model)
+    peak_flops, peak_source = (None, "")
+    if the_plan.training:
+        peak_flops, peak_source = flops.device_peak_flops(the_plan.strategy_kind, None, the_plan.replicas,
+                                                          precision=the_plan.precision)
+        logger.info("tpukit: %s", peak_source)
+    return Session(the_plan, model, checkpointer, start_step, flops_per_example, peak_flops, peak_source,
+                   Throughput(recipe.data.global_batch_size))
+
+
+def train(session: Session, callbacks: list | None = None):
+    """Trains from `session.start_step` to the plan's last step (see `tpukit.trainer.fit_with_recovery`)."""
+    from tpukit import trainer
+
+    the_plan, recipe = session.plan, session.plan.recipe
+    if not the_plan.training:
+        return trainer.Outcome("done", {}, 0)
+    if session.start_step >= the_plan.total_steps:
+        logger.info("tpukit: all %d epochs are done already (step %d)", recipe.train.epochs, session.start_step)
+    started = time.time()
+    outcome = trainer.fit_with_recovery(
+        session.model,
+        _train_dataset(the_plan),
+        checkpointer=session.checkpointer,
+        steps_per_epoch=the_plan.steps_per_epoch,
+        epochs=recipe.train.epochs,
+        callbacks=_callbacks(recipe, the_plan.output_dir, session.throughput, the_plan.steps_per_execution,
+                             the_plan.io_device is not None, session.checkpointer.state) + list(callbacks or []),
+        checkpoint_every_steps=recipe.runtime.checkpoint_every_steps,
+        max_nan_retries=recipe.train.max_nan_retries,
+        validation_data=_eval_dataset(the_plan) if the_plan.evaluating else None,
+        validation_steps=the_plan.eval_steps,
+        validation_freq=recipe.train.eval_every_epochs,
+        verbose=_verbose(recipe.runtime.verbose),
+    )
+    if session.checkpointer.step > session.start_step:
+        logger.info("tpukit: trained steps %d..%d in %.1fs (%s)", session.start_step, session.checkpointer.step,
+                    time.time() - started, outcome.status)
+    return outcome
+
+
+def evaluate(session: Session, outcome) -> dict[str, float]:
+    """One exact pass over the eval split (zero-weight padding, whole executions); {} without evaluation."""
+    the_plan = session.plan
+    if not the_plan.evaluating or outcome.status == "preempted":
+        return {}
+    results = session.model.evaluate(_eval_dataset(the_plan)(), steps=the_plan.eval_steps, return_dict=True,
+                                     verbose=_verbose(the_plan.recipe.runtime.verbose))
+    return {k: float(v) for k, v in results.items()}
+
+
+def export(session: Session, outcome) -> dict[str, str]:
+    """`model.keras` and the SavedModel `serve` endpoint (see `tpukit.export`); {} in eval mode or when preempted."""
+    from tpukit.export import export_model
+
+    if not session.plan.training or outcome.status == "preempted":
+        return {}
+    return export_model(session.model, session.plan.output_dir, io_device=session.plan.io_device)
+
+
+def report(session: Session, outcome, evaluation: dict, exported: dict) -> dict:
+    """Writes `metrics.json` (`eval_metrics.json` in eval mode) and returns it."""
+    from tpukit import flops
+
+    the_plan, recipe, throughput = session.plan, session.plan.recipe, session.throughput
+    step = session.checkpointer.step
+    metrics = {
+        "recipe": recipe.path,
+        "mode": the_plan.mode,
+        "status": outcome.status,
+        "strategy": type(the_plan.strategy).__name__,
+        "replicas": the_plan.replicas,
+        "precision": the_plan.precision,
+        "jit_compile": the_plan.jit_compile,
+        "steps_per_execution": the_plan.steps_per_execution,
+        "global_batch_size": the_plan.global_batch_size,
+        "steps_per_epoch": the_plan.steps_per_epoch,
+        "step": step,
+        "resumed_from_step": session.start_step,
+        "nan_rollbacks": outcome.nan_rollbacks,
+        # Data skipped after NaN rollbacks (the window from the restored checkpoint to the step that diverged).
+        "nan_skipped_examples": outcome.skipped_steps * the_plan.global_batch_size,
+        "train": {k: v[-1] for k, v in outcome.history.items() if not k.startswith("val_")},
+        "validation": {k: v[-1] for k, v in outcome.history.items() if k.startswith("val_")},
+        "eval": evaluation,
+        "eval_examples": the_plan.eval_examples,
+        "examples_per_second": throughput.examples_per_second,
+        "steps_per_second": throughput.steps_per_second,
+        "time_to_first_step_seconds": throughput.time_to_first_step,
+        "flops_per_example": session.flops_per_example,
+        "peak_flops": session.peak_flops,
+        "peak_flops_dtype": flops.peak_dtype(the_plan.precision, the_plan.strategy_kind),
+        "peak_flops_source": session.peak_source,
+        "mfu": flops.mfu(session.flops_per_example, throughput.examples_per_second, session.peak_flops),
+        "exported": exported,
+    }
+    path = os.path.join(the_plan.output_dir, "eval_metrics.json" if the_plan.mode == "eval" else "metrics.json")
+    if the_plan.training and step == session.start_step and os.path.isfile(path):
+        # Nothing was trained in this call (the run was complete): keep what the training run measured.
+        with open(path, encoding="utf-8") as f:
+            previous = json.load(f)
+        for key in ("train", "validation", "examples_per_second", "steps_per_second", "time_to_first_step_seconds", "mfu"):
+            if not metrics[key] and previous.get(key):
+                metrics[key] = previous[key]
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(metrics, f, indent=2)
+    return metrics
 
 
 def run(
@@ -239,215 +414,24 @@ def run(
         RecipeError: the recipe does not fit this hardware (batch sizes) or the data; nothing is written then.
         tpukit.trainer.TrainingDivergedError: the loss stayed non-finite after `train.max_nan_retries` rollbacks.
     """
-    if mode not in MODES:
-        raise RecipeError(f"mode must be one of {', '.join(MODES)}; received {mode!r}. Fix: pick one of those.")
-    compat.check_tensorflow()
-    import keras
-    import tensorflow as tf
+    the_plan = plan(recipe, strategy, mode, output_dir, checkpoint)
+    if the_plan.engine not in ENGINES:
+        raise RecipeError(f"engine {the_plan.engine!r} is not available; engines: {', '.join(ENGINES)}.")
+    build_fn, train_fn, evaluate_fn, export_fn, report_fn = ENGINES[the_plan.engine]
+    logger.info("%s", the_plan.describe())
+    with dtype_policy(the_plan.precision):
+        session = build_fn(the_plan)
+        # Validation is over: from here on the output directory is written.
+        os.makedirs(session.plan.output_dir, exist_ok=True)
+        if session.plan.training:
+            save_recipe(recipe, os.path.join(session.plan.output_dir, "recipe.yaml"))
+        outcome = train_fn(session, callbacks)
+        evaluation = evaluate_fn(session, outcome)
+        exported = export_fn(session, outcome)
+        return report_fn(session, outcome, evaluation, exported)
 
-    from tpukit import callbacks as callbacks_lib
-    from tpukit import checkpoint as checkpoint_lib
-    from tpukit import data, flops, loop, performance, trainer
-    from tpukit.export import export_model, io_device_for
-    from tpukit.strategy import connect, kind_of, num_input_pipelines, worker_subdir
 
-    if strategy is None:
-        try:
-            strategy = connect(recipe.runtime.tpu)
-        except ValueError as error:  # a malformed $TF_CONFIG
-            raise RecipeError(str(error)) from None
-    kind, replicas = kind_of(strategy), strategy.num_replicas_in_sync
-    subdir = worker_subdir(strategy)
-    if subdir:
-        output_dir = os.path.join(output_dir, subdir)
-        logger.info("tpukit: this is multi-worker task %s (not the chief): its outputs go to %s", subdir, output_dir)
-    evaluating = mode != "train" and recipe.data.eval_split is not None
-    try:
-        train_examples = count_examples(recipe, recipe.data.train_split)
-        eval_examples = count_examples(recipe, recipe.data.eval_split) if evaluating else 0
-    except ValueError as error:  # the source rejects a split or an argument (its message names it)
-        raise RecipeError(f"{recipe.path}: data: {error}") from None
-    steps_per_epoch = check_batch_sizes(recipe, replicas, train_examples)
-    for key in filter(None, (recipe.train.early_stopping_metric if recipe.train.early_stopping_patience is not None else None,
-                             recipe.train.export_best_by)):
-        if key.startswith("val_") and not evaluating:
-            raise RecipeError(
-                f"{recipe.path}: {key!r} (train.early_stopping_metric / train.export_best_by) is a validation metric, "
-                f"but mode {mode!r} with data.eval_split={recipe.data.eval_split!r} never validates. Fix: use mode "
-                "train_and_eval with an eval_split, or a training metric such as 'loss'."
-            )
-    if mode == "eval" and not evaluating:
-        raise RecipeError(f"{recipe.path}: mode eval needs data.eval_split; received null. Fix: set data.eval_split.")
-    checkpoint_dir = os.path.join(output_dir, "checkpoints")
-    # Cheap checks before the slow work (the auto probe, building and compiling the model).
-    if checkpoint and not tf.io.gfile.exists(checkpoint + ".index"):
-        raise RecipeError(
-            f"--checkpoint {checkpoint!r}: no such checkpoint (expected {checkpoint}.index). Fix: pass a path like "
-            f"{os.path.join(checkpoint_dir, 'ckpt-1000')}, without the .index/.data suffix."
-        )
-    if mode == "eval" and not checkpoint and not tf.io.gfile.glob(os.path.join(checkpoint_dir, "ckpt-*.index")):
-        raise RecipeError(
-            f"mode eval: no checkpoint in {checkpoint_dir}. Fix: train first, or pass the checkpoint path."
-        )
-    if recipe.runtime.steps_per_execution != "auto":
-        try:
-            loop.check_steps_per_execution(recipe.runtime.steps_per_execution, steps_per_epoch)
-        except ValueError as error:
-            raise RecipeError(f"{recipe.path}: runtime.{error}") from None
-    try:
-        jit = performance.choose_jit_compile(recipe.runtime.jit_compile, kind, replicas)
-    except ValueError as error:
-        raise RecipeError(f"{recipe.path}: {error}") from None
-    precision = performance.choose_precision(recipe.runtime.precision, kind)
-    per_replica = recipe.data.global_batch_size // replicas
-    logger.info(
-        "tpukit: global batch %d = %d replica(s) x %d per replica; %d steps per epoch over %d examples",
-        recipe.data.global_batch_size, replicas, per_replica, steps_per_epoch, train_examples,
-    )
-    logger.info("tpukit: precision %s (%s); jit_compile=%s (%s)", precision.value, precision.reason, jit.value, jit.reason)
-
-    keras.mixed_precision.set_global_policy(precision.value)
-    total_steps = steps_per_epoch * recipe.train.epochs
-    train_fn, eval_fn = _input_fns(recipe, eval_examples, steps_per_epoch)
-
-    def train_dataset(position):
-        # Each epoch's order depends only on (seed, epoch): a resume reads just the batches already trained in its
-        # epoch (`data.training_batches`), and with data.deterministic sees exactly an uninterrupted run's data.
-        return data.distribute(strategy, lambda ctx: train_fn(ctx, skip_steps=position))
-
-    steps_per_execution = recipe.runtime.steps_per_execution
-    if steps_per_execution == "auto" and kind == "multi_worker":
-        raise RecipeError(
-            f"{recipe.path}: runtime.steps_per_execution=auto is not supported on a multi-worker cluster (each worker "
-            "would time its own steps and could pick a different value). Fix: --set runtime.steps_per_execution=N."
-        )
-    if steps_per_execution == "auto" and mode == "eval":
-        steps_per_execution = 1  # nothing trains: no probe (it would build and train a throwaway model)
-    if steps_per_execution == "auto":
-        # Before seeding, so the model trained below is initialized exactly as with a fixed value.
-        latest = tf.train.latest_checkpoint(checkpoint_dir)
-        start = int(latest.rsplit("-", 1)[1]) if latest else 0  # tpukit numbers checkpoints by step
-        try:
-            steps_per_execution = _probe_steps_per_execution(recipe, strategy, train_dataset, steps_per_epoch, jit.value, start)
-        except ValueError as error:  # builder or optimizer arguments that do not fit together
-            raise RecipeError(f"{recipe.path}: {error}") from None
-    keras.utils.set_random_seed(recipe.train.seed)
-    try:
-        model = _build_and_compile(recipe, strategy, total_steps, jit.value, steps_per_execution)
-    except ValueError as error:  # builder or optimizer arguments that do not fit together
-        raise RecipeError(f"{recipe.path}: {error}") from None
-    # Keras 3.15's own train function fails with steps_per_execution > 1 on 2+ Mirrored replicas
-    # (keras-team/keras#19246) and on every MultiWorkerMirroredStrategy; see loop.py.
-    loop.use_multi_step_loop(model)
-    io_device = io_device_for(strategy, output_dir)  # remote TPU + local dir: I/O through this machine
-    checkpointer = checkpoint_lib.Checkpointer(
-        checkpoint_dir, model, model.optimizer, recipe.runtime.max_checkpoints_to_keep,
-        options=checkpoint_lib.io_options(io_device),
-    )
-    with strategy.scope():
-        try:
-            start_step = checkpointer.restore(checkpoint if mode == "eval" else None)
-        except (checkpoint_lib.CheckpointMismatchError, checkpoint_lib.CheckpointCorruptError) as error:
-            raise RecipeError(str(error)) from None
-    left = steps_per_epoch - start_step % steps_per_epoch
-    if mode != "eval" and start_step < total_steps and left % steps_per_execution:
-        valid = loop.divisors(math.gcd(steps_per_epoch, left))  # fit the rest of this epoch and every later one
-        raise RecipeError(
-            f"{recipe.path}: runtime.steps_per_execution={steps_per_execution} does not divide the {left} steps left in "
-            f"the epoch this run resumes at (step {start_step}), so the run would overshoot its epochs. Fix: --set "
-            f"runtime.steps_per_execution=N with N one of {', '.join(map(str, valid))}."
-        )
-
-    flops_per_example = flops.model_flops_per_example(model)
-    peak_flops, peak_source = flops.device_peak_flops(kind, None, replicas) if mode != "eval" else (None, "")
-    if peak_source:
-        logger.info("tpukit: %s", peak_source)
-
-    # Validation is over: from here on the output directory is written.
-    os.makedirs(output_dir, exist_ok=True)
-    if mode != "eval":
-        save_recipe(recipe, os.path.join(output_dir, "recipe.yaml"))
-    # Rounded up to whole executions: Keras evaluates whole executions only, and the extra batches weigh zero.
-    eval_steps = (
-        data.padded_eval_steps(eval_examples, eval_batch_size(recipe), num_input_pipelines(strategy), steps_per_execution)
-        if evaluating else None
-    )
-
-    def eval_dataset():
-        return data.distribute(strategy, lambda ctx: eval_fn(ctx, eval_steps))
-
-    throughput = callbacks_lib.Throughput(recipe.data.global_batch_size)
-    verbose = _verbose(recipe.runtime.verbose)
-    outcome = trainer.Outcome("done", {}, 0)
-    if mode != "eval":
-        if start_step >= total_steps:
-            logger.info("tpukit: all %d epochs are done already (step %d)", recipe.train.epochs, start_step)
-        started = time.time()
-        outcome = trainer.fit_with_recovery(
-            model,
-            train_dataset,
-            checkpointer=checkpointer,
-            steps_per_epoch=steps_per_epoch,
-            epochs=recipe.train.epochs,
-            callbacks=_callbacks(recipe, output_dir, throughput, steps_per_execution, io_device is not None,
-                                 checkpointer.state)
-            + list(callbacks or []),
-            checkpoint_every_steps=recipe.runtime.checkpoint_every_steps,
-            max_nan_retries=recipe.train.max_nan_retries,
-            validation_data=eval_dataset if evaluating else None,
-            validation_steps=eval_steps,
-            validation_freq=recipe.train.eval_every_epochs,
-            verbose=verbose,
-        )
-        if checkpointer.step > start_step:
-            logger.info("tpukit: trained steps %d..%d in %.1fs (%s)", start_step, checkpointer.step, time.time() - started, outcome.status)
-
-    evaluation = {}
-    if evaluating and outcome.status != "preempted":
-        evaluation = model.evaluate(eval_dataset(), steps=eval_steps, return_dict=True, verbose=verbose)
-        evaluation = {k: float(v) for k, v in evaluation.items()}
-    exported = {}
-    if mode != "eval" and outcome.status != "preempted":
-        exported = export_model(model, output_dir, io_device=io_device)
-
-    metrics = {
-        "recipe": recipe.path,
-        "mode": mode,
-        "status": outcome.status,
-        "strategy": type(strategy).__name__,
-        "replicas": replicas,
-        "precision": precision.value,
-        "jit_compile": jit.value,
-        "steps_per_execution": steps_per_execution,
-        "global_batch_size": recipe.data.global_batch_size,
-        "steps_per_epoch": steps_per_epoch,
-        "step": checkpointer.step,
-        "resumed_from_step": start_step,
-        "nan_rollbacks": outcome.nan_rollbacks,
-        # Data skipped after NaN rollbacks (the window from the restored checkpoint to the step that diverged).
-        "nan_skipped_examples": outcome.skipped_steps * recipe.data.global_batch_size,
-        "train": {k: v[-1] for k, v in outcome.history.items() if not k.startswith("val_")},
-        "validation": {k: v[-1] for k, v in outcome.history.items() if k.startswith("val_")},
-        "eval": evaluation,
-        "eval_examples": eval_examples,
-        "examples_per_second": throughput.examples_per_second,
-        "steps_per_second": throughput.steps_per_second,
-        "time_to_first_step_seconds": throughput.time_to_first_step,
-        "flops_per_example": flops_per_example,
-        "peak_flops": peak_flops,
-        "peak_flops_source": peak_source,
-        "mfu": flops.mfu(flops_per_example, throughput.examples_per_second, peak_flops),
-        "exported": exported,
-    }
-    name = "eval_metrics.json" if mode == "eval" else "metrics.json"
-    previous_path = os.path.join(output_dir, name)
-    if mode != "eval" and checkpointer.step == start_step and os.path.isfile(previous_path):
-        # Nothing was trained in this call (the run was complete): keep what the training run measured.
-        with open(previous_path, encoding="utf-8") as f:
-            previous = json.load(f)
-        for key in ("train", "validation", "examples_per_second", "steps_per_second", "time_to_first_step_seconds", "mfu"):
-            if not metrics[key] and previous.get(key):
-                metrics[key] = previous[key]
-    with open(previous_path, "w", encoding="utf-8") as f:
-        json.dump(metrics, f, indent=2)
-    return metrics
+# The seam for a second execution engine: `run` composes `build`, `train`, `evaluate`, `export` and `report`, which
+# take a `Plan` and return engine-neutral results (a Session, an Outcome, dicts). An engine for Keras on JAX
+# (`keras.distribution`) would provide the same five functions and register here under its `Plan.engine` name.
+ENGINES = {"tensorflow": (build, train, evaluate, export, report)}
