@@ -167,3 +167,11 @@ class ResumableModelCheckpoint(keras.callbacks.ModelCheckpoint):
         super().on_epoch_end(epoch, logs)
         if self.best is not None and math.isfinite(self.best):
             self.state.export_best.assign(self.best)
+
+
+class StepTensorBoard(keras.callbacks.TensorBoard):
+    """Keras' TensorBoard with its epoch scalars at the optimizer step (Keras writes them at the epoch index), so
+    they line up with `TrainingScalars` and stay right across resumes and any `steps_per_execution`."""
+
+    def _log_epoch_metrics(self, epoch, logs):
+        super()._log_epoch_metrics(_step(self.model), logs)

@@ -162,8 +162,6 @@ def _verbose(setting) -> int:
 
 
 def _callbacks(recipe: Recipe, output_dir: str, throughput, steps_per_execution: int, remote_io: bool, state):
-    import keras
-
     from tpukit import callbacks
 
     result = [throughput]
@@ -181,7 +179,7 @@ def _callbacks(recipe: Recipe, output_dir: str, throughput, steps_per_execution:
             first, last = recipe.runtime.profile_steps
             profile = (math.ceil(first / steps_per_execution), math.ceil(last / steps_per_execution))
         result.append(callbacks.TrainingScalars(log_dir, throughput))
-        result.append(keras.callbacks.TensorBoard(log_dir, profile_batch=profile))
+        result.append(callbacks.StepTensorBoard(log_dir, profile_batch=profile))
     if recipe.train.early_stopping_patience is not None:
         result.append(
             callbacks.ResumableEarlyStopping(
