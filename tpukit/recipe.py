@@ -217,7 +217,10 @@ def _show(value: Any) -> str:
 
 def _key_name(key: Any) -> str:
     """A key as written in a message: plain when it reads as a name, else its repr (no newlines, no surprises)."""
-    return key if isinstance(key, str) and key.isidentifier() else _show(key)
+    if isinstance(key, str) and key.isidentifier():
+        return key
+    shown = repr(key)
+    return shown if len(shown) <= 240 else _REPR.repr(key)
 
 
 def _type_name(tp: Any) -> str:
