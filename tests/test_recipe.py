@@ -232,6 +232,10 @@ def test_from_dict_rejects_a_non_mapping():
             b"model: {name: small_cnn}\nmodel: {name: vit}\n",
             "found duplicate key 'model' (first on line 1)",
         ),
+        (
+            b"[" * 5000,
+            "not a recipe: its YAML is nested too deeply",
+        ),  # PyYAML recurses: RecursionError
     ],
 )
 def test_files_that_are_not_recipes(tmp_path, content, expected):
