@@ -246,6 +246,48 @@ def test_tfds_metadata_newer_than_protobuf_fails_with_the_cap():
     assert 'pip install "tensorflow-metadata<1.18"' in finding.fix
 
 
+TF_2_19_REQUIRES = [  # tensorflow-tpu 2.19.1's Requires-Dist, abridged
+    "protobuf!=4.21.0,<6.0.0dev,>=3.20.3",
+    "numpy<2.2.0,>=1.26.0",
+    'tensorflow-intel ==2.19.1 ; platform_system == "Windows"',
+    "nvidia-nccl-cu12 ==2.23.4 ; extra == 'and-cuda'",
+]
+
+
+def test_protobuf_upgraded_past_tensorflows_bound_fails_with_the_fix():
+    # What `pip install tpukit` (no extra) over a preinstalled tensorflow-tpu 2.19.1 did on this machine: pip
+    # upgraded protobuf to 7.36.2 for googleapis-common-protos, past TF 2.19's <6.
+    installed = {**GOOD_TPU, "protobuf": "7.36.2"}
+    findings = doctor.check_versions(
+        detect({"ISTPUVM": "1"}),
+        installed,
+        tf_requires=TF_2_19_REQUIRES,
+        version_of=lambda n: installed.get(n) or {"numpy": "2.1.3"}.get(n),
+    )
+    (finding,) = by_topic(findings, "protobuf")
+    assert finding.level == "fail"
+    assert finding.message.startswith(
+        "tensorflow-tpu requires protobuf!=4.21.0,<6.0.0dev,>=3.20.3 but protobuf 7.36.2"
+    )
+    assert (
+        finding.fix.startswith('`pip install "protobuf!=4.21.0,<6.0.0dev,>=3.20.3"`')
+        and "[tpu]" in finding.fix
+    )
+    # Markers that do not hold (Windows, the and-cuda extra) are not checked; a satisfied numpy is not reported.
+    assert [f.topic for f in findings if f.level == "fail"] == ["protobuf"]
+
+
+def test_requirements_within_bounds_pass():
+    installed = {**GOOD_TPU, "protobuf": "5.29.6"}
+    findings = doctor.check_versions(
+        detect({"ISTPUVM": "1"}),
+        installed,
+        tf_requires=TF_2_19_REQUIRES,
+        version_of=lambda n: installed.get(n),
+    )
+    assert [f.level for f in findings] == ["ok", "ok"]
+
+
 def test_jax_whose_libtpu_was_replaced_gets_a_warning_not_a_failure():
     installed = {**GOOD_TPU, "jax": "0.7.2", "jaxlib": "0.7.2"}
     requires = ["jaxlib<=0.7.2", 'libtpu==0.0.21; extra == "tpu"', 'requests; extra == "tpu"']

@@ -177,10 +177,68 @@ def _version_tuple(version: str) -> tuple[int, ...]:
     return tuple(parts)
 
 
+def check_requirements(dist: str, requires: list[str] | None, version_of) -> list[Finding]:
+    """Failures for the installed distributions that `dist`'s own requirements (`Requires-Dist`) exclude.
+
+    Catches e.g. protobuf 7 under TensorFlow 2.19 (which requires protobuf < 6): `pip install tpukit` without the
+    extra that names TensorFlow lets pip upgrade protobuf for another package (googleapis-common-protos) and break
+    the TensorFlow it does not see. Only unconditional requirements and those whose markers hold are checked.
+    """
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    findings = []
+    for text in requires or []:
+        try:
+            requirement = Requirement(text)
+        except InvalidRequirement:
+            continue
+        if requirement.marker is not None and not requirement.marker.evaluate({"extra": ""}):
+            continue
+        installed = version_of(requirement.name)
+        if (
+            installed is None
+            or not requirement.specifier
+            or requirement.specifier.contains(installed, prereleases=True)
+        ):
+            continue
+        findings.append(
+            Finding(
+                "fail",
+                requirement.name,
+                f"{dist} requires {requirement.name}{requirement.specifier} but {requirement.name} {installed} is "
+                "installed (another package's install upgraded it past what TensorFlow allows).",
+                f'`pip install "{requirement.name}{requirement.specifier}"`, {RESTART}; install tpukit with the extra '
+                "that names your TensorFlow ([tpu] or [tensorflow]) so pip keeps TensorFlow's bounds",
+            )
+        )
+    return findings
+
+
+def _version_or_none(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def check_versions(
-    runtime: Runtime, installed: dict[str, str | None], jax_requires: list[str] | None = None
+    runtime: Runtime,
+    installed: dict[str, str | None],
+    jax_requires: list[str] | None = None,
+    tf_requires: list[str] | None = None,
+    version_of=None,
 ) -> list[Finding]:
-    """Checks the installed distributions against `tpukit.versions` for this runtime."""
+    """Checks the installed distributions against `tpukit.versions` for this runtime.
+
+    Args:
+        runtime: from `detect_runtime`.
+        installed: {distribution: version or None}, see `installed_versions`.
+        jax_requires: jax's `Requires-Dist` lines (its `tpu` extra pins a libtpu).
+        tf_requires: the installed TensorFlow distribution's `Requires-Dist` lines.
+        version_of: `name -> version or None` for any distribution; default: `installed`, then package metadata.
+    """
+    if version_of is None:
+        version_of = lambda name: installed[name] if name in installed else _version_or_none(name)  # noqa: E731
     findings = []
     pinned = versions.pinned_tpu()
     tpu_fix = f"`{pinned.install_command()}`, {RESTART}"
@@ -288,6 +346,14 @@ def check_versions(
                     "are Google's legacy architecture (Colab and Kaggle moved to TPU VMs).",
                 )
             )
+
+    tf_dist = (
+        "tensorflow-tpu"
+        if tf_tpu
+        else ("tensorflow" if installed.get("tensorflow") else "tensorflow-cpu")
+    )
+    if tf_cpu or tf_tpu:
+        findings += check_requirements(tf_dist, tf_requires, version_of)
 
     keras_version = installed.get("keras")
     if not keras_version or _version_tuple(keras_version) < (3, 10):
@@ -423,7 +489,11 @@ def diagnose_environment(tpu: str | None = None, connect=_default_connect, **det
         jax_requires = importlib.metadata.requires("jax") if installed.get("jax") else None
     except importlib.metadata.PackageNotFoundError:
         jax_requires = None
-    findings = check_versions(runtime, installed, jax_requires)
+    tf_dist = next(
+        (d for d in ("tensorflow-tpu", "tensorflow", "tensorflow-cpu") if installed.get(d)), None
+    )
+    tf_requires = importlib.metadata.requires(tf_dist) if tf_dist else None
+    findings = check_versions(runtime, installed, jax_requires, tf_requires)
     accelerator: dict = {}
     if not any(f.level == "fail" and f.topic == "tensorflow" for f in findings):
         accelerator, more = check_accelerator(runtime, tpu, connect)
