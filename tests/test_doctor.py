@@ -265,7 +265,7 @@ def test_protobuf_upgraded_past_tensorflows_bound_fails_with_the_fix():
         version_of=lambda n: installed.get(n) or {"numpy": "2.1.3"}.get(n),
     )
     (finding,) = by_topic(findings, "protobuf")
-    assert finding.level == "fail"
+    assert finding.level == "warn"
     assert finding.message.startswith(
         "tensorflow-tpu requires protobuf!=4.21.0,<6.0.0dev,>=3.20.3 but protobuf 7.36.2"
     )
@@ -274,7 +274,7 @@ def test_protobuf_upgraded_past_tensorflows_bound_fails_with_the_fix():
         and "[tpu]" in finding.fix
     )
     # Markers that do not hold (Windows, the and-cuda extra) are not checked; a satisfied numpy is not reported.
-    assert [f.topic for f in findings if f.level == "fail"] == ["protobuf"]
+    assert [f.topic for f in findings if f.level != "ok"] == ["protobuf"]
 
 
 def test_requirements_within_bounds_pass():
