@@ -3,7 +3,9 @@
     import tpukit
     strategy = tpukit.connect()              # TPU -> TF_CONFIG cluster -> GPUs -> CPU
     recipe = tpukit.load_recipe("digits_cnn", ["train.epochs=3"])
+    print(tpukit.plan(recipe, output_dir="runs/digits").describe())   # every decision, nothing built
     metrics = tpukit.run(recipe, "runs/digits")
+    metrics = tpukit.fit(build_my_model, x, y, epochs=3, batch_size=256, output_dir="runs/mine")  # your own model
 """
 
 from tpukit import compat as _compat  # noqa: F401  (sets KERAS_BACKEND=tensorflow before Keras loads)
@@ -13,8 +15,11 @@ from tpukit import (  # registers serializable classes for keras.saving.load_mod
     models,
     optim,
 )
+from tpukit.fit import fit
 from tpukit.logs import enable_logging
+from tpukit.planner import Plan, plan
 from tpukit.recipe import Recipe, RecipeError, load_recipe
+from tpukit.registry import register_model, register_source
 from tpukit.strategy import TPUConnectionError, connect, cpu_mirrored_strategy, describe
 
 __version__ = "0.1.0"
@@ -30,6 +35,7 @@ def run(recipe, output_dir, strategy=None, mode="train_and_eval", checkpoint=Non
 
 
 __all__ = [
+    "Plan",
     "Recipe",
     "RecipeError",
     "TPUConnectionError",
@@ -39,8 +45,12 @@ __all__ = [
     "describe",
     "losses",
     "enable_logging",
+    "fit",
     "load_recipe",
     "models",
     "optim",
+    "plan",
+    "register_model",
+    "register_source",
     "run",
 ]

@@ -175,3 +175,13 @@ class StepTensorBoard(keras.callbacks.TensorBoard):
 
     def _log_epoch_metrics(self, epoch, logs):
         super()._log_epoch_metrics(_step(self.model), logs)
+
+
+class ExactValidationLoss(keras.callbacks.Callback):
+    """Replaces Keras' `val_loss` in the epoch logs by the exact `val_weighted_loss` (`tpukit.losses.WeightedLoss`),
+    before the other callbacks (TensorBoard, early stopping, best.keras) read it. Keras' own weights every eval batch
+    by its size, zero-weight padding batches included."""
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None and "val_weighted_loss" in logs:
+            logs["val_loss"] = logs["val_weighted_loss"]

@@ -71,3 +71,24 @@ def build_loss(train, reduction="mean_with_sample_weight") -> keras.losses.Loss:
     if smoothing:
         return SparseCategoricalCrossentropyWithLabelSmoothing(smoothing, from_logits=True, reduction=reduction)
     return keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=reduction)
+
+
+@keras.saving.register_keras_serializable(package="tpukit")
+class WeightedLoss(keras.metrics.Mean):
+    """The training loss (cross-entropy with `label_smoothing`) averaged over examples by their sample weights.
+
+    Keras' own `loss` metric weights every batch by its size, so eval batches of zero-weight padding (tpukit pads an
+    eval pass to whole executions) pull it down; this one is exact. `callbacks.ExactValidationLoss` and
+    `runner.evaluate` report it as `val_loss` / `loss`. Regularization terms (`model.losses`) are not included.
+    """
+
+    def __init__(self, label_smoothing: float = 0.0, name: str = "weighted_loss", dtype=None):
+        super().__init__(name=name, dtype=dtype)
+        self.label_smoothing = float(label_smoothing)
+        self._per_example = SparseCategoricalCrossentropyWithLabelSmoothing(label_smoothing, reduction=None)
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        return super().update_state(self._per_example(y_true, y_pred), sample_weight=sample_weight)
+
+    def get_config(self):
+        return {**super().get_config(), "label_smoothing": self.label_smoothing}

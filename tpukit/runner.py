@@ -24,7 +24,7 @@ import sys
 import time
 from typing import Any
 
-from tpukit.plan import (
+from tpukit.planner import (
     MODES,
     Plan,
     check_batch_sizes,
@@ -95,7 +95,7 @@ def build_model(recipe: Recipe, strategy, total_steps: int, jit_compile: bool, s
     """The recipe's model, built and compiled under `strategy.scope()` (the global dtype policy is the caller's)."""
     import keras
 
-    from tpukit.losses import build_loss
+    from tpukit.losses import WeightedLoss, build_loss
     from tpukit.models import MODELS
     from tpukit.optim import build_optimizer
 
@@ -111,6 +111,7 @@ def build_model(recipe: Recipe, strategy, total_steps: int, jit_compile: bool, s
             weighted_metrics=[
                 keras.metrics.SparseCategoricalAccuracy(name="accuracy"),
                 keras.metrics.SparseCategoricalCrossentropy(from_logits=True, name="cross_entropy"),
+                WeightedLoss(recipe.train.label_smoothing),
             ],
             jit_compile=jit_compile,
             steps_per_execution=steps_per_execution,
@@ -164,7 +165,7 @@ def _verbose(setting) -> int:
 def _callbacks(recipe: Recipe, output_dir: str, throughput, steps_per_execution: int, remote_io: bool, state):
     from tpukit import callbacks
 
-    result = [throughput]
+    result = [callbacks.ExactValidationLoss(), throughput]
     if remote_io:
         # Summary writers are eager ops on the remote TPU host, which cannot reach this machine's disk.
         logger.warning(
@@ -328,7 +329,10 @@ def evaluate(session: Session, outcome) -> dict[str, float]:
         return {}
     results = session.model.evaluate(_eval_dataset(the_plan)(), steps=the_plan.eval_steps, return_dict=True,
                                      verbose=_verbose(the_plan.recipe.runtime.verbose))
-    return {k: float(v) for k, v in results.items()}
+    results = {k: float(v) for k, v in results.items()}
+    if "weighted_loss" in results:  # exact over the real examples; Keras' `loss` counts the padding batches
+        results["loss"] = results["weighted_loss"]
+    return results
 
 
 def export(session: Session, outcome) -> dict[str, str]:
