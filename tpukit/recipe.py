@@ -499,14 +499,13 @@ def _check_kwargs(
 
 
 def _lookup(registry: dict[str, Any], name: Any, key: str):
-    if not isinstance(name, str) or name not in registry:
-        close = difflib.get_close_matches(str(name), list(registry), n=1)
-        hint = f" Did you mean '{close[0]}'?" if close else ""
-        raise RecipeError(
-            f"{key} must be one of {', '.join(sorted(registry))}; received {_show(name)}.{hint} "
-            f"Fix: set {key} to one of those names."
-        )
-    return registry[name]
+    """A registered name, or an importable `module:function` (see tpukit/registry.py)."""
+    from tpukit import registry as registry_lib
+
+    try:
+        return registry_lib.lookup(registry, name, key)
+    except registry_lib.RegistryError as error:
+        raise RecipeError(str(error)) from None
 
 
 def _validate_model(config: ModelConfig) -> None:

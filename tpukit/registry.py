@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import reprlib
 from collections.abc import Callable
 from typing import Any
 
@@ -41,7 +42,7 @@ def lookup(registry: dict[str, Callable], name: Any, key: str) -> Callable:
     hint = f" Did you mean '{close[0]}'?" if close else ""
     raise RegistryError(
         f"{key} must be one of {', '.join(sorted(registry))}, or an importable 'module.path:function'; received "
-        f"{name!r}.{hint} Fix: set {key} to one of those names."
+        f"{reprlib.repr(name)}.{hint} Fix: set {key} to one of those names."
     )
 
 
