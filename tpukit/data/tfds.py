@@ -9,6 +9,10 @@ What the dataset holds decides the task, from its feature names:
     (inputs tokens[t:t+L], labels tokens[t+1:t+L+1]).
 
     examples = tfds_dataset("train", None, name="cifar10", image_size=(32, 32))
+
+TFDS reads its own TFRecord shards and decodes inside `as_dataset`. A truncated shard or an undecodable record
+fails the run with TensorFlow's error, which `tpukit.data.explain_data_error` turns into a `CorruptDataError`
+naming the shard and record (`scan` reads the split's shards); `skip_corrupt=True` drops such records instead.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import logging
 
 import tensorflow as tf
 
-from tpukit.data import images, text
+from tpukit.data import corrupt, images, text
 from tpukit.data.images import Augment, Normalize
 from tpukit.data.pipeline import AUTOTUNE, maybe_cache, shard
 
@@ -63,7 +67,9 @@ def _num_shards(builder, split: str) -> int | None:
     return shards
 
 
-def read_plan(num_shards: int | None, input_context: tf.distribute.InputContext | None, training: bool) -> str:
+def read_plan(
+    num_shards: int | None, input_context: tf.distribute.InputContext | None, training: bool
+) -> str:
     """How a pipeline reads its share: 'all' (one pipeline), 'files' (TFDS file-level sharding, training with
     enough files), 'even' (`tfds.even_splits`: exact, for evaluation or too few files) or 'examples' (read all,
     keep every n-th: when the number of files is unknown)."""
@@ -76,12 +82,15 @@ def read_plan(num_shards: int | None, input_context: tf.distribute.InputContext 
     if training:
         logger.warning(
             "tpukit: tfds split has %d file(s) for %d input pipelines; sharding by examples instead of files",
-            num_shards, input_context.num_input_pipelines,
+            num_shards,
+            input_context.num_input_pipelines,
         )
     return "even"
 
 
-def _read(builder, split, input_context, training: bool, seed: int) -> tf.data.Dataset:
+def _read(
+    builder, split, input_context, training: bool, seed: int, skip_corrupt: bool = False
+) -> tf.data.Dataset:
     import tensorflow_datasets as tfds
 
     plan = read_plan(_num_shards(builder, split), input_context, training)
@@ -92,10 +101,19 @@ def _read(builder, split, input_context, training: bool, seed: int) -> tf.data.D
         input_context=input_context if plan == "files" else None,
         interleave_cycle_length=1 if in_order else 16,
         num_parallel_calls_for_interleave_files=1 if in_order else AUTOTUNE,
+        # TFDS asserts the split's example count; after a skipped record that assertion fails at the end of every
+        # pass, and ignore_errors would retry it forever.
+        assert_cardinality=not skip_corrupt,
     )
     if plan == "even":
-        split = tfds.even_splits(split, n=input_context.num_input_pipelines)[input_context.input_pipeline_id]
-    dataset = builder.as_dataset(split=split, shuffle_files=training and not in_order, read_config=read_config)
+        split = tfds.even_splits(split, n=input_context.num_input_pipelines)[
+            input_context.input_pipeline_id
+        ]
+    dataset = builder.as_dataset(
+        split=split, shuffle_files=training and not in_order, read_config=read_config
+    )
+    if skip_corrupt:  # before sharding by example, so every pipeline drops the same records
+        dataset = dataset.ignore_errors()
     return shard(dataset, input_context) if in_order else dataset
 
 
@@ -117,6 +135,7 @@ def tfds_dataset(
     sequence_length: int = 256,
     training: bool | None = None,
     cache: bool = False,
+    skip_corrupt: bool = False,
 ) -> tf.data.Dataset:
     """Examples of a TFDS dataset split, sharded for `input_context` (see the module docstring for the tasks).
 
@@ -138,6 +157,8 @@ def tfds_dataset(
         sequence_length: tokens per text example / language-model window.
         training: random augmentation and file shuffling; None: True for 'train' splits.
         cache: cache the decoded, not yet augmented examples in memory (if they fit).
+        skip_corrupt: drop records TFDS cannot read or decode instead of failing (`scan` counts them). Set by the
+            run from `data.skip_corrupt`.
     """
     images.check_choices("tfds", augment, normalize, image_size)
     training = is_training_split(split) if training is None else training
@@ -145,17 +166,29 @@ def tfds_dataset(
     features = builder.info.features
     seed = 0
     if image_key in features and label_key in features:
-        dataset = _read(builder, split, input_context, training, seed)
+        dataset = _read(builder, split, input_context, training, seed, skip_corrupt)
         return _image_classification(
-            dataset, features[image_key], image_key, label_key, image_size, training, cache,
-            dict(augment=augment, normalization=normalize, min_crop_area=min_crop_area,
-                 eval_crop_fraction=eval_crop_fraction),
+            dataset,
+            features[image_key],
+            image_key,
+            label_key,
+            image_size,
+            training,
+            cache,
+            dict(
+                augment=augment,
+                normalization=normalize,
+                min_crop_area=min_crop_area,
+                eval_crop_fraction=eval_crop_fraction,
+            ),
         )
     if text_key in features and label_key in features:
-        dataset = _read(builder, split, input_context, training, seed)
+        dataset = _read(builder, split, input_context, training, seed, skip_corrupt)
         return _text_classification(dataset, text_key, label_key, sequence_length, cache)
     if text_key in features:
-        return _language_model(builder, split, input_context, text_key, sequence_length)
+        return _language_model(
+            builder, split, input_context, text_key, sequence_length, skip_corrupt
+        )
     raise ValueError(
         f"tfds: dataset {name!r} has features {', '.join(features.keys())}; none matches image_key={image_key!r}, "
         f"text_key={text_key!r} with label_key={label_key!r}. Fix: set image_key/text_key/label_key to its "
@@ -163,7 +196,9 @@ def tfds_dataset(
     )
 
 
-def _image_classification(dataset, feature, image_key, label_key, image_size, training, cache, options):
+def _image_classification(
+    dataset, feature, image_key, label_key, image_size, training, cache, options
+):
     native = tuple(feature.shape[:2])
     if image_size is None:
         if None in native:
@@ -172,7 +207,9 @@ def _image_classification(dataset, feature, image_key, label_key, image_size, tr
                 "Fix: set image_size: [height, width]."
             )
         image_size = native
-    dataset = dataset.map(lambda ex: (ex[image_key], tf.cast(ex[label_key], tf.int32)), num_parallel_calls=AUTOTUNE)
+    dataset = dataset.map(
+        lambda ex: (ex[image_key], tf.cast(ex[label_key], tf.int32)), num_parallel_calls=AUTOTUNE
+    )
     dataset = maybe_cache(dataset, cache, name="decoded images")
     return dataset.map(
         lambda image, label: (images.preprocess(image, image_size, training, **options), label),
@@ -182,16 +219,31 @@ def _image_classification(dataset, feature, image_key, label_key, image_size, tr
 
 def _text_classification(dataset, text_key, label_key, sequence_length, cache):
     dataset = dataset.map(
-        lambda ex: (text.encode_bytes(ex[text_key], sequence_length), tf.cast(ex[label_key], tf.int32)),
+        lambda ex: (
+            text.encode_bytes(ex[text_key], sequence_length),
+            tf.cast(ex[label_key], tf.int32),
+        ),
         num_parallel_calls=AUTOTUNE,
     )
     return maybe_cache(dataset, cache, name="tokenized texts")
 
 
-def _language_model(builder, split, input_context, text_key, sequence_length):
+def _language_model(builder, split, input_context, text_key, sequence_length, skip_corrupt=False):
     # One long document per split: read it whole (MBs), pack windows, then shard the windows evenly.
-    documents = builder.as_dataset(split=split, shuffle_files=False)
-    tokens = text.to_tokens([ex[text_key] for ex in documents.as_numpy_iterator()])
+    import tensorflow_datasets as tfds
+
+    read_config = tfds.ReadConfig(assert_cardinality=not skip_corrupt)
+    documents = builder.as_dataset(split=split, shuffle_files=False, read_config=read_config)
+    if skip_corrupt:
+        documents = documents.ignore_errors()
+    try:
+        texts = [ex[text_key] for ex in documents.as_numpy_iterator()]
+    except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as failure:
+        report = scan_builder(builder, split)
+        if report is not None and report.corrupt:
+            raise corrupt.error("tfds", split, report.corrupt) from None
+        raise failure
+    tokens = text.to_tokens(texts)
     inputs, labels = text.pack_windows(tokens, sequence_length)
     return shard(tf.data.Dataset.from_tensor_slices((inputs, labels)), input_context)
 
@@ -215,3 +267,43 @@ def count(
         return int(builder.info.splits[split].num_examples)
     except Exception:
         return None
+
+
+def scan_builder(builder, split: str) -> corrupt.CorruptReport | None:
+    """The records of `split` that TFDS cannot read or decode, from its TFRecord shards; None for other formats."""
+    file_format = str(getattr(builder.info, "file_format", "tfrecord") or "tfrecord").lower()
+    if "tfrecord" not in file_format:
+        return None
+    try:
+        instructions = builder.info.splits[split].file_instructions
+    except Exception:  # unprepared data, tfds.testing.mock_data: no shards to read
+        return None
+    features = builder.info.features
+
+    def touch(tensor):
+        # A value that depends on the decoded data: a static shape alone would let graph optimisations prune
+        # the decoding (a fixed-shape image's size is a constant).
+        first = tf.reshape(tensor, [-1])[:1]
+        first = tf.strings.length(first) if tensor.dtype == tf.string else first
+        return tf.reduce_sum(tf.cast(first, tf.float64))
+
+    def check(serialized):
+        return tf.add_n(
+            [touch(t) for t in tf.nest.flatten(features.deserialize_example(serialized))]
+        )
+
+    files = [i.filename for i in instructions]
+    ranges = [(i.skip, None if i.take < 0 else i.skip + i.take) for i in instructions]
+    return corrupt.scan_tfrecords(files, check, source="tfds", split=split, ranges=ranges)
+
+
+def scan(split: str, name: str = "mnist", data_dir: str | None = None, try_gcs: bool = False, **_):
+    """Every record of `split` that `tfds_dataset(skip_corrupt=True)` drops (one pass that decodes them all);
+    None when the dataset is not prepared as TFRecord files."""
+    import tensorflow_datasets as tfds
+
+    try:
+        builder = tfds.builder(name, data_dir=data_dir, try_gcs=try_gcs)
+    except Exception:
+        return None
+    return scan_builder(builder, split)

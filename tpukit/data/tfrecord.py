@@ -9,6 +9,10 @@ Images are decoded on the host. Training reads whole files per input pipeline (o
 interleaves them in parallel; with fewer files than pipelines it falls back to every pipeline reading all files
 and keeping every n-th record (with a warning). Evaluation always shards by record, so every pipeline holds at
 most ceil(n / pipelines) examples, which exact evaluation (`eval_batches`) relies on.
+
+Corrupt files (see `tpukit.data.corrupt`): counting a split without `split_sizes` reads every record and raises
+`CorruptDataError` on a truncated or damaged file; with `skip_corrupt=True` unreadable records and images that do
+not decode are dropped, and `scan` counts and names them.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import logging
 
 import tensorflow as tf
 
-from tpukit.data import images
+from tpukit.data import corrupt, images
 from tpukit.data.images import Augment, Normalize
 from tpukit.data.pipeline import AUTOTUNE, maybe_cache
 from tpukit.data.tfds import is_training_split
@@ -53,12 +57,14 @@ def records(
     training: bool,
     cycle_length: int = 16,
     seed: int = 0,
+    skip_corrupt: bool = False,
 ) -> tuple[tf.data.Dataset, int]:
     """Serialized records of this pipeline's share of `files`, and the bytes of the files it reads.
 
     Training shards by file when there are enough files, else each file by record (in whatever order the
     non-deterministic interleave reads it, each pipeline keeps its own records of every file). Evaluation
     reads files in a fixed order and keeps every n-th record, so shard sizes differ by at most one.
+    `skip_corrupt` ends a file at its first truncated or damaged record instead of failing.
     """
     pipelines = input_context.num_input_pipelines if input_context else 1
     index = input_context.input_pipeline_id if input_context else 0
@@ -67,13 +73,19 @@ def records(
     if by_record_per_file:
         logger.warning(
             "tpukit: %d TFRecord file(s) for %d input pipelines: every pipeline reads all files and keeps every "
-            "%d-th record. Fix for speed: write at least %d files.", len(files), pipelines, pipelines, pipelines,
+            "%d-th record. Fix for speed: write at least %d files.",
+            len(files),
+            pipelines,
+            pipelines,
+            pipelines,
         )
     if by_file:
         files = files[index::pipelines]
 
     def read(path):
         dataset = tf.data.TFRecordDataset(path, buffer_size=READ_BUFFER_BYTES)
+        if skip_corrupt:  # the reader moves to the next file after a DataLossError, so the rest of this one is lost
+            dataset = dataset.ignore_errors()
         return dataset.shard(pipelines, index) if by_record_per_file else dataset
 
     dataset = tf.data.Dataset.from_tensor_slices(files)
@@ -108,6 +120,7 @@ def tfrecord_images(
     split_sizes: dict[str, int] | None = None,
     training: bool | None = None,
     cache: bool = False,
+    skip_corrupt: bool = False,
 ) -> tf.data.Dataset:
     """`(image float32 [*image_size, channels], label int32)` from TFRecord files of `tf.train.Example`s.
 
@@ -126,6 +139,8 @@ def tfrecord_images(
             pass over the files (see `count`).
         training: shuffle files, read them per pipeline and augment; None: True for 'train' splits.
         cache: cache the encoded records in memory (if they fit), so later epochs skip the reads.
+        skip_corrupt: drop records that are unreadable (truncated or damaged file: the rest of that file) or do not
+            parse/decode, instead of failing; `scan` counts them. Set by the run from `data.skip_corrupt`.
     """
     if not file_pattern:
         raise ValueError(
@@ -136,35 +151,87 @@ def tfrecord_images(
     if channels not in (1, 3):
         raise ValueError(f"tfrecord_images: channels must be 1 or 3; received channels={channels}.")
     training = is_training_split(split) if training is None else training
-    dataset, size = records(list_files(file_pattern, split), input_context, training, cycle_length)
+    dataset, size = records(
+        list_files(file_pattern, split),
+        input_context,
+        training,
+        cycle_length,
+        skip_corrupt=skip_corrupt,
+    )
     dataset = maybe_cache(dataset, cache, total_bytes=size, name=f"TFRecords of split {split!r}")
+    options = dict(
+        augment=augment,
+        normalization=normalize,
+        min_crop_area=min_crop_area,
+        eval_crop_fraction=eval_crop_fraction,
+    )
+
+    def decode(serialized):
+        image, label = parse_and_decode(serialized, image_key, label_key, channels)
+        image = images.preprocess(image, tuple(image_size), training, **options)
+        return image, tf.cast(label + label_offset, tf.int32)
+
+    dataset = dataset.map(decode, num_parallel_calls=AUTOTUNE)
+    # Native in tf.data: a record whose parse or decode fails is dropped, with no Python in the input path.
+    return dataset.ignore_errors() if skip_corrupt else dataset
+
+
+def parse_and_decode(
+    serialized: tf.Tensor, image_key: str, label_key: str, channels: int
+) -> tuple[tf.Tensor, tf.Tensor]:
+    """`(image uint8 [h, w, channels], label int64)` of one serialized `tf.train.Example`; raises on a bad one."""
     spec = {
         image_key: tf.io.FixedLenFeature([], tf.string),
         label_key: tf.io.FixedLenFeature([], tf.int64),
     }
-    options = dict(
-        augment=augment, normalization=normalize, min_crop_area=min_crop_area, eval_crop_fraction=eval_crop_fraction
-    )
-
-    def decode(serialized):
-        example = tf.io.parse_single_example(serialized, spec)
-        image = tf.io.decode_image(example[image_key], channels=channels, expand_animations=False)
-        image = images.preprocess(image, tuple(image_size), training, **options)
-        return image, tf.cast(example[label_key] + label_offset, tf.int32)
-
-    return dataset.map(decode, num_parallel_calls=AUTOTUNE)
+    example = tf.io.parse_single_example(serialized, spec)
+    image = tf.io.decode_image(example[image_key], channels=channels, expand_animations=False)
+    return image, example[label_key]
 
 
 def count(
     split: str,
     file_pattern: str = "",
     split_sizes: dict[str, int] | None = None,
+    skip_corrupt: bool = False,
     **_,
 ) -> int:
-    """Examples in `split`: from `split_sizes` if it names the split, else one pass over the raw records."""
+    """Examples in `split`: from `split_sizes` if it names the split, else one pass over the raw records.
+
+    The pass checks every record's framing on the way: a truncated or damaged file raises `CorruptDataError` naming
+    it, unless `skip_corrupt` (then the readable records are counted, as the pipeline reads them).
+    """
     if split_sizes and split in split_sizes:
         return int(split_sizes[split])
     files = list_files(file_pattern, split)
-    logger.info("tpukit: counting the records of %d file(s) of split %r (set split_sizes to skip this)", len(files), split)
-    dataset = tf.data.TFRecordDataset(files, num_parallel_reads=AUTOTUNE)
-    return int(dataset.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1))
+    logger.info(
+        "tpukit: counting the records of %d file(s) of split %r (set split_sizes to skip this)",
+        len(files),
+        split,
+    )
+    report = corrupt.scan_tfrecords(files, source="tfrecord_images", split=split)
+    if report.corrupt and not skip_corrupt:
+        raise corrupt.error("tfrecord_images", split, report.corrupt)
+    return report.readable
+
+
+def scan(
+    split: str,
+    file_pattern: str = "",
+    image_key: str = "image/encoded",
+    label_key: str = "image/class/label",
+    channels: int = 3,
+    cycle_length: int = 16,
+    **_,
+) -> corrupt.CorruptReport:
+    """Every record of `split` that `tfrecord_images(skip_corrupt=True)` drops: unreadable, or failing to parse or
+    decode. One pass over the split that decodes every image (no resizing), files in parallel."""
+
+    def check(serialized):
+        image, _ = parse_and_decode(serialized, image_key, label_key, channels)
+        return tf.shape(image)
+
+    files = list_files(file_pattern, split)
+    return corrupt.scan_tfrecords(
+        files, check, source="tfrecord_images", split=split, cycle_length=cycle_length
+    )
