@@ -108,8 +108,8 @@ def test_a_resume_reads_only_the_batches_already_trained_in_its_epoch():
 
 
 def test_sigterm_resume_without_deterministic_data_keeps_every_epochs_order(tmp_path, monkeypatch):
-    # The data order of a resumed run equals the uninterrupted run's: same final weights (shuffle_buffer 1 makes
-    # parallel map order the only difference, so data.deterministic=false still reads the same batches).
+    # The data order of a resumed run equals the uninterrupted run's: same final weights. With data.deterministic
+    # false the order could still differ through parallel maps; the digits source has none after its cache.
     overrides = {"train.epochs": 3, "data.deterministic": False}
     run(recipe(**overrides), str(tmp_path / "whole"))
     monkeypatch.setenv("TPUKIT_TEST_SIGTERM_AT_STEP", "60")
@@ -130,6 +130,29 @@ def _tiny_model():
     model.compile(optimizer=keras.optimizers.SGD(0.01),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     return model
+
+
+def test_two_bad_batches_in_one_checkpoint_interval_are_both_skipped(tmp_path):
+    # Batches 15 and 18 hold NaN: the second rollback lands on the same checkpoint (step 10) and must keep the first
+    # skipped window (6 batches) as well as add its own.
+    features = np.ones((64, 4, 2), "float32")
+    features[[15, 18]] = np.nan
+    batches = tf.data.Dataset.from_tensor_slices((features, np.zeros((64, 4), "int64")))
+    model = _tiny_model()
+    checkpointer = checkpoint_lib.Checkpointer(str(tmp_path), model, model.optimizer)
+    positions = []
+
+    def make_dataset(position):
+        positions.append(position)
+        return batches.skip(position)
+
+    outcome = trainer.fit_with_recovery(
+        model, make_dataset, checkpointer=checkpointer, steps_per_epoch=20, epochs=2, callbacks=[],
+        checkpoint_every_steps=10, max_nan_retries=2, verbose=0,
+    )
+    assert outcome.status == "done" and outcome.nan_rollbacks == 2
+    # step 10 at data 16 hits row 18 at step 13: skip 3 more (6 + 3 = 9), step 10 resumes at data 19
+    assert positions[:3] == [0, 16, 19] and outcome.skipped_steps == 9
 
 
 def test_a_nan_caused_by_a_batch_is_skipped_after_the_rollback(tmp_path):
@@ -194,18 +217,26 @@ EARLY = {"train.epochs": 6, "train.learning_rate": 0.0, "train.warmup_steps": 0,
          "train.export_best_by": "val_accuracy"}
 
 
-def test_early_stopping_survives_a_restart_and_a_stopped_run_stays_stopped(tmp_path, monkeypatch):
+@pytest.mark.parametrize("checkpoint_every_steps", [None, 22])
+def test_early_stopping_survives_a_restart_and_a_stopped_run_stays_stopped(tmp_path, monkeypatch, checkpoint_every_steps):
     # lr 0: val_loss never improves, so patience 1 stops at the end of epoch 2 (step 88) in an uninterrupted run.
-    assert run(recipe(**EARLY), str(tmp_path / "whole"))["step"] == 88
+    # With checkpoints every 22 steps, a periodic save lands on each epoch's last step, before early stopping's
+    # epoch-end state exists: the epoch-end save must write that step again.
+    overrides = {**EARLY, "runtime.checkpoint_every_steps": checkpoint_every_steps}
+
+    def recipe_(**more):
+        return recipe(**overrides, **more)
+
+    assert run(recipe_(), str(tmp_path / "whole"))["step"] == 88
     monkeypatch.setenv("TPUKIT_TEST_SIGTERM_AT_STEP", "50")  # in epoch 2, after epoch 1 set the best value
-    assert run(recipe(**EARLY), str(tmp_path / "cut"))["status"] == "preempted"
+    assert run(recipe_(), str(tmp_path / "cut"))["status"] == "preempted"
     monkeypatch.delenv("TPUKIT_TEST_SIGTERM_AT_STEP")
     best = tmp_path / "cut" / "best.keras"
     written = best.stat().st_mtime_ns
-    resumed = run(recipe(**EARLY), str(tmp_path / "cut"))
+    resumed = run(recipe_(), str(tmp_path / "cut"))
     assert resumed["status"] == "early_stopped" and resumed["step"] == 88  # patience did not restart
     assert best.stat().st_mtime_ns == written  # an equal val_accuracy after the restart is not "better"
-    again = run(recipe(**EARLY), str(tmp_path / "cut"))  # the same command once more
+    again = run(recipe_(), str(tmp_path / "cut"))  # the same command once more
     assert again["status"] == "early_stopped" and again["step"] == 88 and again["resumed_from_step"] == 88
 
 

@@ -128,7 +128,9 @@ class Plan:
             f"global batch {self.global_batch_size} = {self.replicas} replica(s) x {self.per_replica_batch_size} "
             f"per replica; eval global batch {self.eval_global_batch_size}",
             f"{self.steps_per_epoch} steps per epoch over {self.train_examples} examples, {self.total_steps} steps in all; "
-            + (f"{self.eval_steps} eval steps over {self.eval_examples} examples" if self.evaluating else "no evaluation"),
+            + (("eval steps set with steps_per_execution" if self.steps_per_execution == "auto" else
+                f"{self.eval_steps} eval steps") + f" over {self.eval_examples} examples" if self.evaluating
+               else "no evaluation"),
             f"steps_per_execution {self.steps_per_execution}",
             f"precision {self.precision} ({self.precision_reason})",
             f"jit_compile {self.jit_compile} ({self.jit_compile_reason})",

@@ -71,9 +71,10 @@ class TrainingGuard(keras.callbacks.Callback):
             self._previous_handler = None
 
     # -- per execution ----------------------------------------------------------------------------------------------
-    def _save(self) -> bool:
-        """Saves unless this step is saved already; returns False (and stops) when the weights are not finite."""
-        if self.checkpointer.step == self._last_saved:
+    def _save(self, again: bool = False) -> bool:
+        """Saves unless this step is saved already (`again`: save it once more, with the epoch-end state of the other
+        callbacks); returns False (and stops) when the weights are not finite."""
+        if self.checkpointer.step == self._last_saved and not again:
             return True
         if not checkpoint_lib.all_finite(self.model.weights):
             # The loss of this execution was finite, but the update that followed it was not.
@@ -110,7 +111,9 @@ class TrainingGuard(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         if self.diverged_at is None and not self.preempted:
-            self._save()
+            # A periodic save may have written this step before the epoch-end callbacks (early stopping, best.keras)
+            # updated the run state: write it again so the state is in the checkpoint.
+            self._save(again=True)
 
 
 def _any_worker_function(strategy):
@@ -212,9 +215,10 @@ def fit_with_recovery(
                     )
                     + ". Fix: lower train.learning_rate, add train.warmup_steps, or check the data for NaN/inf."
                 )
+            skipped = int(state.skipped_steps.numpy())  # the restore resets it to the checkpoint's value
             restored = checkpointer.restore()
             window = max(guard.diverged_at - restored, 1)
-            state.skipped_steps.assign_add(window)
+            state.skipped_steps.assign(skipped + window)
             logger.warning(
                 "tpukit: non-finite loss or weights at step %d: rolled back to step %d and skipped the %d batch(es) "
                 "of data from there (%d skipped after rollbacks in all; retry %d of %d)",
