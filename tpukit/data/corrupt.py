@@ -29,6 +29,8 @@ logger = logging.getLogger("tpukit")
 FIX = "Fix: set data.skip_corrupt: true to skip such records, or repair/regenerate the file."
 # Bytes of framing around each TFRecord payload: length (8), its CRC (4), the payload's CRC (4).
 FRAMING_BYTES = 16
+READ_BUFFER_BYTES = 8 * 1024 * 1024
+REDUCE_BATCH = 4096
 # Corrupt records named in full in messages and metrics; the rest are counted.
 NAMED = 5
 
@@ -201,20 +203,30 @@ def scan_tfrecords(
     ends = tf.constant([-1 if r[1] is None else r[1] for r in ranges], tf.int64)
     paths = tf.constant(files or [""])
 
+    def sizes(batch):
+        return tf.cast(tf.size(batch), tf.int64)
+
     def per_file(k):
-        raw = tf.data.TFRecordDataset(paths[k], buffer_size=8 * 1024 * 1024).ignore_errors()
-        count, nbytes = raw.reduce(
+        raw = tf.data.TFRecordDataset(paths[k], buffer_size=READ_BUFFER_BYTES).ignore_errors()
+        # Reduced in batches: a reduce step per record costs ~10x the read itself (measured, TF 2.21).
+        count, nbytes = raw.batch(REDUCE_BATCH).reduce(
             (tf.constant(0, tf.int64), tf.constant(0, tf.int64)),
-            lambda acc, r: (
-                acc[0] + 1,
-                acc[1] + tf.cast(tf.strings.length(r), tf.int64) + FRAMING_BYTES,
+            lambda acc, rs: (
+                acc[0] + sizes(rs),
+                acc[1]
+                + tf.reduce_sum(tf.cast(tf.strings.length(rs), tf.int64))
+                + FRAMING_BYTES * sizes(rs),
             ),
         )
         checked_ok = tf.constant(-1, tf.int64)  # framing only: nothing more to read
         if check is not None:  # a second read of the file (from the OS cache when local)
             end = tf.where(ends[k] < 0, tf.constant(tf.int64.max, tf.int64), ends[k])
-            wanted = raw.skip(firsts[k]).take(end - firsts[k]).map(check).ignore_errors()
-            checked_ok = wanted.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1)
+            wanted = raw.skip(firsts[k]).take(end - firsts[k])
+            wanted = wanted.map(check, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
+            ones = wanted.ignore_errors().map(lambda *_: tf.constant(1, tf.int64))
+            checked_ok = ones.batch(REDUCE_BATCH).reduce(
+                tf.constant(0, tf.int64), lambda n, b: n + sizes(b)
+            )
         return tf.data.Dataset.from_tensors((k, count, nbytes, checked_ok))
 
     stats = tf.data.Dataset.range(len(files)).interleave(

@@ -84,7 +84,10 @@ def records(
 
     def read(path):
         dataset = tf.data.TFRecordDataset(path, buffer_size=READ_BUFFER_BYTES)
-        if skip_corrupt:  # the reader moves to the next file after a DataLossError, so the rest of this one is lost
+        if skip_corrupt:
+            # After a DataLossError the reader moves on to the next file, so the rest of this one is lost
+            # (tensorflow/tensorflow: tensorflow/core/kernels/data/tf_record_dataset_op.cc, "so that it works
+            # with ignore_errors").
             dataset = dataset.ignore_errors()
         return dataset.shard(pipelines, index) if by_record_per_file else dataset
 
