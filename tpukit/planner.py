@@ -245,6 +245,7 @@ def plan(
     subdir = worker_subdir(strategy)
     if subdir:
         output_dir = os.path.join(output_dir, subdir)
+        logger.info("tpukit: this is multi-worker task %s (not the chief): its outputs go to %s", subdir, output_dir)
     checkpoint_dir = os.path.join(output_dir, "checkpoints")
     _check_checkpoint(mode, checkpoint, checkpoint_dir)  # cheap checks before counting the data
     try:
