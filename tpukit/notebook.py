@@ -1,0 +1,108 @@
+"""What the notebooks decide before training, as library code: run small or full, where outputs go, which recipe
+this runtime can read.
+
+    strategy = tpukit.connect()
+    small = tpukit.notebook.choose_small(SMALL, strategy)           # None: small exactly when no TPU or GPU
+    name, recipe = tpukit.notebook.first_available({"mnist_cnn": [...], "digits_cnn": [...]}, strategy)
+    output_dir = tpukit.notebook.output_dir(OUTPUT_ROOT, name)      # Drive / gs:// survive a disconnect
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from tpukit.planner import newest_checkpoint_step, plan
+from tpukit.recipe import Recipe, RecipeError, load_recipe
+
+logger = logging.getLogger("tpukit")
+
+DRIVE_MOUNT = "/content/drive"
+
+
+def has_accelerator(strategy) -> bool:
+    """True when `strategy` trains on a TPU or this process sees a GPU."""
+    import tensorflow as tf
+
+    from tpukit.strategy import kind_of
+
+    return kind_of(strategy) == "tpu" or bool(tf.config.list_logical_devices("GPU"))
+
+
+def choose_small(small: bool | None, strategy) -> bool:
+    """`small` as given, or (None) small exactly when `strategy` has no TPU and there is no GPU."""
+    if small is None:
+        small = not has_accelerator(strategy)
+        why = "no TPU or GPU found" if small else "an accelerator was found"
+        print(f"SMALL = {small} ({why}; set SMALL = True or False to choose)")
+    elif not isinstance(small, bool):
+        raise ValueError(f"SMALL must be True, False or None (auto); received SMALL={small!r}.")
+    return small
+
+
+def output_dir(root: str, name: str, colab=None) -> str:
+    """`root/name`, with Google Drive mounted or Colab authenticated for a `gs://` bucket first.
+
+    Args:
+        root: "" for `runs/` on this runtime's disk (lost when a Colab runtime disconnects); a folder under
+            /content/drive (Google Drive, mounted here when it is not) or a `gs://bucket/folder` (on Colab the
+            user is authenticated first; a TPU VM uses its service account). With a persistent root, rerunning
+            the notebook after a disconnect resumes from the newest checkpoint there.
+        name: the run's folder name, e.g. the recipe name.
+        colab: the `google.colab` module (tests pass a fake); default: imported when present.
+    """
+    if not isinstance(root, str):
+        raise ValueError(
+            f"OUTPUT_ROOT must be a string; received OUTPUT_ROOT={root!r}. Fix: '' (this runtime's disk), "
+            "'/content/drive/MyDrive/tpukit' (Google Drive) or 'gs://BUCKET/tpukit'."
+        )
+    if root.startswith(DRIVE_MOUNT) or root.startswith("gs://"):
+        if colab is None:
+            try:
+                from google import colab
+            except ImportError:
+                colab = None
+        if (
+            colab is not None
+            and root.startswith(DRIVE_MOUNT)
+            and not os.path.isdir(os.path.join(DRIVE_MOUNT, "MyDrive"))
+        ):
+            colab.drive.mount(DRIVE_MOUNT)
+        if colab is not None and root.startswith("gs://"):
+            colab.auth.authenticate_user()
+    path = root.rstrip("/") + "/" + name if root else os.path.join("runs", name)
+    step = newest_checkpoint_step(path.rstrip("/") + "/checkpoints")
+    persistent = "persistent" if root.startswith((DRIVE_MOUNT, "gs://")) else "this runtime's disk"
+    resume = f"; resumes from step {step}" if step else ""
+    print(f"outputs: {path} ({persistent}{resume})")
+    return path
+
+
+def first_available(candidates: dict[str, list[str]], strategy=None) -> tuple[str, Recipe]:
+    """The first recipe, in order, whose data this runtime can read, with its overrides applied.
+
+    Each candidate is planned with `tpukit.plan` (which counts its examples, so TFDS downloads or reads its data
+    here). A `RecipeError` (a mistyped override, a batch that does not divide) is raised, not skipped: only data
+    that cannot be read, e.g. a TFDS download without network, moves on to the next candidate.
+
+    Args:
+        candidates: {recipe name or path: `--set`-style overrides}, in order of preference.
+        strategy: passed to `tpukit.plan` (default: `tpukit.connect()`).
+    """
+    if not candidates:
+        raise ValueError("first_available: no candidate recipes given.")
+    failures = []
+    for name, overrides in candidates.items():
+        recipe = load_recipe(name, list(overrides))
+        try:
+            plan(recipe, strategy)
+        except RecipeError:
+            raise
+        except Exception as error:  # noqa: BLE001 - any data failure means "try the next recipe"
+            reason = f"{type(error).__name__}: {str(error)[:300]}"
+            failures.append(f"{name}: {reason}")
+            print(f"{name} cannot read its data here ({reason}); trying the next recipe.")
+            continue
+        print(f"recipe: {name} {' '.join(overrides)}".rstrip())
+        return name, recipe
+    raise RuntimeError("none of the recipes can read its data here: " + "; ".join(failures))
