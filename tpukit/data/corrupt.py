@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import struct
 from collections.abc import Callable, Sequence
 
@@ -89,6 +90,12 @@ class CorruptReport:
     @property
     def good(self) -> int:
         return self.scanned - self.skipped
+
+    def examples(self, counted: int) -> int:
+        """Examples the skipping pipeline yields from a split that `EXAMPLE_COUNTS`/the source counted as
+        `counted`: the good records for TFRecord sources (their count includes the records that fail to decode);
+        `counted` itself for text, whose windows are counted after the bad files are left out."""
+        return self.good if self.unit == "record" else counted
 
     def summary(self) -> str:
         """One log line: the count, then the first corrupt records by name."""
@@ -162,12 +169,9 @@ def _inspect(path: str, check, first: int, last: int | None) -> tuple[list[Corru
             try:
                 check(record)
             except (tf.errors.OpError, ValueError) as failure:
-                reason = (
-                    getattr(failure, "message", str(failure))
-                    .split("\n")[0]
-                    .split(" [Op:")[0]
-                    .strip()
-                )
+                reason = getattr(failure, "message", str(failure)).split("\n")[0]
+                # TensorFlow prefixes "{{function_node ...}} " and appends " [Op:DecodeImage] ...".
+                reason = re.sub(r"^\{\{[^}]*\}\}\s*", "", reason).split(" [Op:")[0].strip()
                 found.append(CorruptRecord(path, index, offset, f"does not decode: {reason}"))
         offset += int(tf.strings.length(record)) + FRAMING_BYTES
         index += 1
