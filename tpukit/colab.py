@@ -180,7 +180,8 @@ def loaded_modules(dist, modules=None):
     by_file = {}
     for name, module in list(modules.items()):
         path = getattr(module, "__file__", None)
-        if path:
+        # pip's editable-install finder is imported by a .pth file in every process: it is not the package.
+        if path and not name.startswith("__editable__"):
             by_file[os.path.normpath(path)] = name
     found = {
         by_file[p]
@@ -286,7 +287,7 @@ CELL_HEADER = """\
 # TPU runtime -> tpukit[tpu] + tensorflow-tpu/libtpu pinned in tpukit/versions.py; GPU/CPU -> tpukit[tensorflow].
 # It stops "Run all" with "Restart the runtime" only when the install replaced a package this kernel imported.
 """
-CELL_CALL = "install_tpukit(TPUKIT_SOURCE, dry_run=INSTALL_DRY_RUN)\n"
+CELL_CALL = "install_tpukit(TPUKIT_SOURCE, dry_run=INSTALL_DRY_RUN);\n"
 
 
 def cell_source() -> str:
