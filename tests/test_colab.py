@@ -14,9 +14,9 @@ import sys
 
 import keras  # noqa: F401  (imported in this process, as a notebook kernel would have it)
 import pytest
+from helpers import REPO
 from packaging.specifiers import SpecifierSet
 
-from helpers import REPO
 from tpukit import colab, versions
 
 GIT = "git+https://github.com/tpukit/tpukit.git"
