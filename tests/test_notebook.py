@@ -1,0 +1,96 @@
+"""tpukit.notebook: the SMALL default, the output folder (Drive mounted / Colab authenticated for gs://, resume
+step reported) and the recipe fallback when data cannot be read. Colab is a fake here: the calls are checked, not a
+real Drive mount."""
+
+import os
+
+import pytest
+import tensorflow as tf
+
+import tpukit
+from tpukit import notebook
+from tpukit.recipe import resolve_path
+
+
+def test_choose_small_is_small_exactly_without_a_tpu_or_gpu(capsys):
+    strategy = tf.distribute.get_strategy()  # the default strategy on this CPU-only machine
+    assert notebook.choose_small(None, strategy) is True
+    assert "SMALL = True (no TPU or GPU found" in capsys.readouterr().out
+    assert notebook.choose_small(False, strategy) is False
+    assert notebook.choose_small(True, strategy) is True
+    with pytest.raises(ValueError, match="received SMALL='yes'"):
+        notebook.choose_small("yes", strategy)
+
+
+class FakeColab:
+    def __init__(self):
+        self.calls = []
+        self.drive = self
+        self.auth = self
+
+    def mount(self, path):
+        self.calls.append(("mount", path))
+
+    def authenticate_user(self):
+        self.calls.append(("authenticate_user",))
+
+
+def test_output_dir_on_this_disk_reports_the_resume_step(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert notebook.output_dir("", "digits_cnn") == os.path.join("runs", "digits_cnn")
+    assert "outputs: runs/digits_cnn (this runtime's disk)" in capsys.readouterr().out
+    root = str(tmp_path / "persist")
+    os.makedirs(os.path.join(root, "digits_cnn", "checkpoints"))
+    for step in (22, 44):
+        open(os.path.join(root, "digits_cnn", "checkpoints", f"ckpt-{step}.index"), "w").close()
+    assert notebook.output_dir(root + "/", "digits_cnn") == root + "/digits_cnn"
+    assert "resumes from step 44" in capsys.readouterr().out
+
+
+def test_output_dir_mounts_drive_and_authenticates_for_buckets(monkeypatch, capsys):
+    monkeypatch.setattr(
+        notebook, "newest_checkpoint_step", lambda path: 0
+    )  # no GCS access from here
+    colab = FakeColab()
+    path = notebook.output_dir("/content/drive/MyDrive/tpukit", "mnist_cnn", colab=colab)
+    assert path == "/content/drive/MyDrive/tpukit/mnist_cnn"
+    assert colab.calls == [("mount", "/content/drive")]
+    assert "(persistent)" in capsys.readouterr().out
+    colab.calls.clear()
+    assert (
+        notebook.output_dir("gs://bucket/runs", "mnist_cnn", colab=colab)
+        == "gs://bucket/runs/mnist_cnn"
+    )
+    assert colab.calls == [("authenticate_user",)]
+    with pytest.raises(ValueError, match="received OUTPUT_ROOT=None. Fix"):
+        notebook.output_dir(None, "x")
+
+
+def test_first_available_falls_back_only_when_data_cannot_be_read(tmp_path, capsys):
+    @tpukit.register_source("test_notebook_offline")
+    def offline(split="train", input_context=None):
+        raise OSError("could not reach the dataset server")
+
+    recipe = tmp_path / "offline.yaml"
+    with open(resolve_path("digits_cnn"), encoding="utf-8") as f:
+        text = f.read()
+    recipe.write_text(text.replace("source: digits", "source: test_notebook_offline"))
+    strategy = tf.distribute.get_strategy()
+    name, chosen = notebook.first_available(
+        {str(recipe): [], "digits_cnn": ["train.epochs=2"]}, strategy
+    )
+    out = capsys.readouterr().out
+    assert name == "digits_cnn" and chosen.train.epochs == 2
+    assert (
+        "offline.yaml cannot read its data here (OSError: could not reach the dataset server)"
+        in out
+    )
+    assert "recipe: digits_cnn train.epochs=2" in out
+    with pytest.raises(
+        tpukit.RecipeError, match="train.epoch"
+    ):  # a typo is an error, not a fallback
+        notebook.first_available({"digits_cnn": ["train.epoch=2"]}, strategy)
+    with pytest.raises(
+        RuntimeError, match="none of the recipes can read its data here: .*offline.yaml: OSError"
+    ):
+        notebook.first_available({str(recipe): []}, strategy)
