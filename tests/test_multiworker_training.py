@@ -106,3 +106,67 @@ def test_sigterm_on_one_worker_stops_every_worker_at_the_same_step_and_all_resum
     for directory in (output_dir, output_dir / "worker1"):
         metrics = json.loads((directory / "metrics.json").read_text())
         assert metrics["resumed_from_step"] == 10 and metrics["step"] == 44
+
+
+def _digits_args(output_dir, *extra):
+    return lambda index: [
+        sys.executable, "-m", "tpukit.train", "recipes/digits_cnn.yaml", "--output_dir", str(output_dir),
+        "--set", "train.epochs=2", "--set", "data.global_batch_size=32", "--set", "runtime.steps_per_execution=2",
+        "--set", "runtime.checkpoint_every_steps=4", "--set", "data.deterministic=true", *extra,
+    ]
+
+
+def test_a_killed_worker_stops_the_other_with_a_clear_message_and_all_resume(tmp_path):
+    import time
+
+    from helpers import REPO, free_ports
+
+    output_dir = tmp_path / "run"
+    workers = [f"127.0.0.1:{port}" for port in free_ports(2)]
+    processes, logs = [], []
+    for index in range(2):
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", KERAS_BACKEND="tensorflow", CUDA_VISIBLE_DEVICES="",
+                   TF_CONFIG=json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}))
+        logs.append(open(tmp_path / f"worker{index}.log", "w"))
+        processes.append(subprocess.Popen(_digits_args(output_dir)(index), env=env, cwd=REPO, stdout=logs[-1],
+                                          stderr=subprocess.STDOUT))
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and not (output_dir / "checkpoints" / "ckpt-20.index").exists():
+            time.sleep(0.2)
+        processes[1].kill()  # SIGKILL: no handler runs, as on a lost VM
+        killed = time.time()
+        processes[0].wait(timeout=120)
+        waited = time.time() - killed
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+            process.wait()
+        for log in logs:
+            log.close()
+    chief = (tmp_path / "worker0.log").read_text()
+    assert processes[0].returncode == 1, chief[-3000:]
+    assert waited < 60  # TensorFlow's coordination service notices the missing heartbeats (~10 s measured)
+    assert "another worker of this multi-worker cluster stopped" in chief and "Traceback" not in chief
+
+    codes = start_workers(tmp_path, _digits_args(output_dir))  # the same command on every worker
+    logs = [(tmp_path / f"worker{i}.log").read_text() for i in range(2)]
+    assert codes == [0, 0], logs[0][-3000:] + logs[1][-3000:]
+    resumed = [json.loads((d / "metrics.json").read_text()) for d in (output_dir, output_dir / "worker1")]
+    assert resumed[0]["resumed_from_step"] == resumed[1]["resumed_from_step"] >= 20  # one step for both
+    assert resumed[0]["step"] == resumed[1]["step"] == 2 * (1437 // 32)
+
+
+def test_workers_started_with_different_recipes_are_refused_before_training(tmp_path):
+    output_dir = tmp_path / "run"
+
+    def args(index):
+        return _digits_args(output_dir, *(["--set", "data.global_batch_size=64"] if index == 1 else []))(index)
+
+    codes = start_workers(tmp_path, args)
+    logs = [(tmp_path / f"worker{i}.log").read_text() for i in range(2)]
+    assert codes == [2, 2], logs[0][-3000:]
+    for log in logs:
+        assert "the workers of this cluster were started with different data" in log and "Traceback" not in log
+    assert not (output_dir / "checkpoints").exists()

@@ -179,6 +179,26 @@ KNOWN_ERRORS: tuple[KnownError, ...] = (
             "github.com/tensorflow/tensorflow/blob/v2.19.1/tensorflow/python/tpu/client/client.py",
         ),
     ),
+    KnownError(
+        name="worker_lost",
+        pattern=re.compile(
+            r"tasks are unhealthy \(stopped sending heartbeats\)|Collective ops is aborted by|"
+            r"failed to connect to all addresses|Socket closed|Connection reset by peer"
+        ),
+        cause=(
+            "another worker of this multi-worker cluster stopped (crashed, was killed, or its host was preempted "
+            "or lost): TensorFlow's coordination service saw its heartbeats stop (measured here: about 10 s after a "
+            "SIGKILL) and aborted the collectives this worker was waiting in."
+        ),
+        fix=(
+            "start the same command on every worker again (all of them, with the same recipe): they agree on the "
+            "newest checkpoint every worker has and resume from it. Check the stopped worker's log for its cause."
+        ),
+        reports=(
+            "tensorflow.org/tutorials/distribute/multi_worker_with_keras (fault tolerance)",
+            "github.com/tensorflow/tensorflow/blob/v2.21.0/tensorflow/core/protobuf/coordination_config.proto",
+        ),
+    ),
 )
 
 

@@ -31,13 +31,16 @@ def count_examples(recipe: Recipe, split: str) -> int:
     """Examples in a split of the recipe's source (its fast counter, else its cardinality, else one pass)."""
     import tensorflow as tf
 
-    from tpukit.data import EXAMPLE_COUNTS, SOURCES
+    from tpukit.data import EXAMPLE_COUNTS, SOURCES, run_args
 
+    skip = {"skip_corrupt": True} if recipe.data.skip_corrupt else {}
     counter = EXAMPLE_COUNTS.get(recipe.data.source)  # fast path: metadata or raw records, nothing decoded
-    count = counter(split=split, **recipe.data.options) if counter else None
+    count = counter(split=split, **skip, **recipe.data.options) if counter else None
     if count is not None:
         return count
-    dataset = SOURCES[recipe.data.source](split=split, input_context=None, **recipe.data.options)
+    source = SOURCES[recipe.data.source]
+    skip = {k: v for k, v in run_args(source, False, False, recipe.data.skip_corrupt).items() if k == "skip_corrupt"}
+    dataset = source(split=split, input_context=None, **skip, **recipe.data.options)
     count = int(dataset.cardinality())
     if count < 0:  # unknown or infinite: count once
         count = int(dataset.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1))
@@ -97,6 +100,8 @@ class Plan:
     checkpoint: str | None  # mode eval: the checkpoint to evaluate (None: the newest)
     resume_step: int  # from the newest checkpoint's name; 0 for a new run
     io_device: str | None  # remote TPU + local output dir: file I/O through this device
+    # data.skip_corrupt: {split: tpukit.data.CorruptReport} of the records the pipeline will drop
+    corrupt: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
     engine: str = ENGINE
 
     @property
@@ -209,6 +214,21 @@ def _check_steps_per_execution(recipe: Recipe, kind: str, steps_per_epoch: int) 
             raise RecipeError(f"{recipe.path}: runtime.{error}") from None
 
 
+def _scan_corrupt(recipe: Recipe, evaluating: bool) -> dict:
+    """With data.skip_corrupt: one pass per split that counts and names the records the pipeline will drop."""
+    from tpukit import data
+
+    if not recipe.data.skip_corrupt:
+        return {}
+    reports = {}
+    for split in filter(None, (recipe.data.train_split, recipe.data.eval_split if evaluating else None)):
+        report = data.scan_corrupt(recipe.data.source, split, recipe.data.options)
+        if report is not None:
+            (logger.warning if report.skipped else logger.info)("tpukit: %s", report.summary())
+            reports[split] = report
+    return reports
+
+
 def _connect(recipe: Recipe, strategy):
     from tpukit.strategy import connect
 
@@ -251,7 +271,8 @@ def plan(
     try:
         train_examples = count_examples(recipe, recipe.data.train_split)
         eval_examples = count_examples(recipe, recipe.data.eval_split) if evaluating else 0
-    except ValueError as error:  # the source rejects a split or an argument (its message names it)
+        corrupt = _scan_corrupt(recipe, evaluating)
+    except ValueError as error:  # the source rejects a split or an argument, or a record is corrupt (named)
         raise RecipeError(f"{recipe.path}: data: {error}") from None
     steps_per_epoch = check_batch_sizes(recipe, replicas, train_examples)
     total_steps = steps_per_epoch * recipe.train.epochs
@@ -275,6 +296,6 @@ def plan(
         total_steps=total_steps, steps_per_execution=steps_per_execution, eval_steps=0 if evaluating else None,
         precision=precision.value, precision_reason=precision.reason, jit_compile=jit.value,
         jit_compile_reason=jit.reason, output_dir=output_dir, checkpoint_dir=checkpoint_dir, checkpoint=checkpoint,
-        resume_step=resume_step, io_device=io_device_for(strategy, output_dir),
+        resume_step=resume_step, io_device=io_device_for(strategy, output_dir), corrupt=corrupt,
     )
     return result if steps_per_execution == "auto" else result.resolved(steps_per_execution)

@@ -61,7 +61,7 @@ def input_fns(recipe: Recipe, eval_examples: int, steps_per_epoch: int | None = 
 
     def examples_and_cache(split, input_context, training):
         # Sources that augment at random cache before augmenting, so they take `cache` themselves.
-        reserved = data.run_args(source, training=training, cache=config.cache)
+        reserved = data.run_args(source, training=training, cache=config.cache, skip_corrupt=config.skip_corrupt)
         examples = source(split=split, input_context=input_context, **reserved, **config.options)
         return examples, config.cache and "cache" not in reserved
 
@@ -249,11 +249,12 @@ def build(the_plan: Plan) -> Session:
     under the plan's strategy, and restores the newest readable checkpoint. Call it under `dtype_policy`."""
     import keras
 
+    from tpukit import __version__, cluster, flops, loop
     from tpukit import checkpoint as checkpoint_lib
-    from tpukit import flops, loop
     from tpukit.callbacks import Throughput
 
     recipe, strategy = the_plan.recipe, the_plan.strategy
+    cluster.check_same_recipe(strategy, recipe, __version__)
     if the_plan.steps_per_execution == "auto":
         # Before seeding, so the model trained below is initialized exactly as with a fixed value.
         try:
@@ -277,6 +278,15 @@ def build(the_plan: Plan) -> Session:
     with strategy.scope():
         try:
             start_step = checkpointer.restore(the_plan.checkpoint if the_plan.mode == "eval" else None)
+            agreed = cluster.agree_resume_step(strategy, start_step) if the_plan.training else start_step
+            if agreed != start_step and not agreed:
+                raise RecipeError(
+                    f"another worker has no checkpoint while this one resumes at step {start_step} "
+                    f"({the_plan.checkpoint_dir}). Fix: give every worker the same checkpoints (a shared file system), "
+                    "or delete every worker's checkpoints to start over."
+                )
+            if agreed != start_step:
+                start_step = checkpointer.restore(os.path.join(the_plan.checkpoint_dir, f"ckpt-{agreed}"))
         except (checkpoint_lib.CheckpointMismatchError, checkpoint_lib.CheckpointCorruptError) as error:
             raise RecipeError(str(error)) from None
     if the_plan.training and start_step != the_plan.resume_step:  # fell back past a damaged newest checkpoint
@@ -369,7 +379,9 @@ def report(session: Session, outcome, evaluation: dict, exported: dict) -> dict:
         "train": {k: v[-1] for k, v in outcome.history.items() if not k.startswith("val_")},
         "validation": {k: v[-1] for k, v in outcome.history.items() if k.startswith("val_")},
         "eval": evaluation,
-        "eval_examples": the_plan.eval_examples,
+        "eval_examples": (the_plan.corrupt[recipe.data.eval_split].examples(the_plan.eval_examples)
+                          if recipe.data.eval_split in the_plan.corrupt else the_plan.eval_examples),
+        "skipped_corrupt": {split: report.to_json() for split, report in the_plan.corrupt.items()},
         "examples_per_second": throughput.examples_per_second,
         "steps_per_second": throughput.steps_per_second,
         "time_to_first_step_seconds": throughput.time_to_first_step,
@@ -421,7 +433,7 @@ def run(
         raise RecipeError(f"engine {the_plan.engine!r} is not available; engines: {', '.join(ENGINES)}.")
     build_fn, train_fn, evaluate_fn, export_fn, report_fn = ENGINES[the_plan.engine]
     logger.info("%s", the_plan.describe())
-    with dtype_policy(the_plan.precision):
+    with dtype_policy(the_plan.precision), _explained(the_plan):
         session = build_fn(the_plan)
         # Validation is over: from here on the output directory is written.
         os.makedirs(session.plan.output_dir, exist_ok=True)
@@ -431,6 +443,29 @@ def run(
         evaluation = evaluate_fn(session, outcome)
         exported = export_fn(session, outcome)
         return report_fn(session, outcome, evaluation, exported)
+
+
+@contextlib.contextmanager
+def _explained(the_plan: Plan):
+    """Errors met while building, training and evaluating: a corrupt record becomes a RecipeError naming the file
+    and record (checkpoints stay as they are); a known environment error gets its cause and fix attached."""
+    import tensorflow as tf
+
+    from tpukit import data, diagnose
+
+    try:
+        yield
+    except tf.errors.OpError as error:
+        config = the_plan.recipe.data
+        splits = [s for s in (config.train_split, config.eval_split) if s]
+        corrupt = data.explain_data_error(error, config.source, splits, config.options)
+        if corrupt is not None:
+            raise RecipeError(f"{the_plan.recipe.path}: data: {corrupt}") from None
+        diagnose.annotate(error)
+        raise
+    except Exception as error:
+        diagnose.annotate(error)
+        raise
 
 
 # The seam for a second execution engine: `run` composes `build`, `train`, `evaluate`, `export` and `report`, which

@@ -72,6 +72,15 @@ def main(argv: list[str]) -> int:
         except (TPUConnectionError, TrainingDivergedError) as error:
             print(f"tpukit: error: {error}", file=sys.stderr)
             return 1
+        except Exception as error:  # noqa: BLE001 - known environment errors get cause and fix, not a traceback
+            from tpukit import diagnose
+
+            explanation = diagnose.explain(error)
+            if explanation is None:
+                raise
+            first = (str(error).strip().splitlines() or [""])[0][:300]
+            print(f"tpukit: error: {type(error).__name__}: {first}\ntpukit: {explanation}", file=sys.stderr)
+            return 1
     except RecipeError as error:
         print(f"tpukit: error: {error}", file=sys.stderr)
         return 2
@@ -81,7 +90,8 @@ def main(argv: list[str]) -> int:
             "run the same command again to resume."
         )
         return EXIT_PREEMPTED
-    summary = ", ".join(f"eval {k} {v:.4f}" for k, v in metrics["eval"].items()) or "no evaluation"
+    shown = {k: v for k, v in metrics["eval"].items() if k != "weighted_loss"}  # reported as `loss`
+    summary = ", ".join(f"eval {k} {v:.4f}" for k, v in shown.items()) or "no evaluation"
     speed = metrics["examples_per_second"]
     print(
         f"tpukit: done ({metrics['status']}, step {metrics['step']}). {summary}"
