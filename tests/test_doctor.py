@@ -230,8 +230,13 @@ def test_old_keras_fails():
     assert (
         finding.level == "fail"
         and "installed: 2.15.0" in finding.message
-        and "keras>=3.10,<4" in finding.fix
+        and "keras>=3.15,<3.16" in finding.fix
     )
+
+
+def test_a_keras_outside_the_tested_range_fails_with_the_install_command():
+    (finding,) = by_topic(doctor.check_versions(detect({}), {**GOOD_CPU, "keras": "3.12.4"}), "keras")
+    assert finding.level == "fail" and "keras>=3.15,<3.16" in finding.fix
 
 
 def test_tfds_metadata_newer_than_protobuf_fails_with_the_cap():

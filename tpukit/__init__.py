@@ -8,7 +8,7 @@
     metrics = tpukit.fit(build_my_model, x, y, epochs=3, batch_size=256, output_dir="runs/mine")  # your own model
 """
 
-from tpukit import compat as _compat  # noqa: F401  (sets KERAS_BACKEND=tensorflow before Keras loads)
+from tpukit import compat as _compat  # (sets KERAS_BACKEND=tensorflow before Keras loads)
 from tpukit import (  # registers serializable classes for keras.saving.load_model
     data,
     losses,
@@ -23,6 +23,8 @@ from tpukit.registry import register_model, register_source
 from tpukit.strategy import TPUConnectionError, connect, cpu_mirrored_strategy, describe
 
 __version__ = "0.1.0"
+
+_compat.check_tensorflow()  # TensorFlow and Keras in the tested ranges, or an ImportError saying what to install
 
 enable_logging()
 

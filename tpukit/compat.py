@@ -49,13 +49,36 @@ def check_tensorflow() -> str:
             f"`pip install 'tensorflow>={low},<{high}'` on CPU/GPU, or on a TPU VM the build in tpukit/versions.py "
             "(`python -m tpukit.doctor` prints the command), then restart the runtime."
         )
+    check_keras()
+    return version
+
+
+# tpukit patches private Keras internals (trainer._should_eval, _maybe_symbolic_build, _autoconvert_optionals,
+# keras.src.tree, TensorBoard._log_epoch_metrics; see loop.py, trainer.py, callbacks.py). They were tested with these
+# Keras minors only (the suite on 3.15.1, with TF 2.19.1, 2.20.0 and 2.21.0: .ci/tf_matrix.sh). setup.cfg declares
+# the same range.
+KERAS_TESTED = ((3, 15), (3, 16))  # [low, high)
+ALLOW_UNTESTED_KERAS = "TPUKIT_ALLOW_UNTESTED_KERAS"
+
+
+def check_keras() -> str:
+    """Returns Keras' version; raises ImportError outside `KERAS_TESTED` unless $TPUKIT_ALLOW_UNTESTED_KERAS=1."""
+    import logging
+
     import keras
 
-    if _version_tuple(keras.__version__) < (3, 0):
-        raise ImportError(
-            f"tpukit needs Keras 3; received keras {keras.__version__}. Fix: `pip install 'keras>=3.10'`."
-        )
-    return version
+    version = keras.__version__
+    low, high = (".".join(map(str, v)) for v in KERAS_TESTED)
+    if KERAS_TESTED[0] <= _version_tuple(version) < KERAS_TESTED[1]:
+        return version
+    message = (
+        f"tpukit was tested with Keras >= {low} and < {high} (it patches private Keras internals); received keras "
+        f"{version}. Fix: `pip install 'keras>={low},<{high}'` and restart the runtime"
+    )
+    if os.environ.get(ALLOW_UNTESTED_KERAS) == "1":
+        logging.getLogger("tpukit").warning("tpukit: %s (continuing: %s=1).", message, ALLOW_UNTESTED_KERAS)
+        return version
+    raise ImportError(f"{message}, or set {ALLOW_UNTESTED_KERAS}=1 to try it anyway.")
 
 
 _ensure_tensorflow_backend()

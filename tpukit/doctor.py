@@ -28,7 +28,7 @@ import math
 import os
 import sys
 
-from tpukit import diagnose, strategy, versions
+from tpukit import compat, diagnose, strategy, versions
 
 RESTART = "then restart the runtime (Colab/Kaggle: Runtime > Restart session)"
 DISTRIBUTIONS = (
@@ -358,13 +358,15 @@ def check_versions(
         findings += check_requirements(tf_dist, tf_requires, version_of)
 
     keras_version = installed.get("keras")
-    if not keras_version or _version_tuple(keras_version) < (3, 10):
+    low, high = (".".join(map(str, v)) for v in compat.KERAS_TESTED)
+    if not keras_version or not compat.KERAS_TESTED[0] <= _version_tuple(keras_version) < compat.KERAS_TESTED[1]:
         findings.append(
             Finding(
                 "fail",
                 "keras",
-                f"tpukit needs Keras >= 3.10 (Keras 3); installed: {keras_version}.",
-                f'`pip install "keras>=3.10,<4"`, {RESTART}',
+                f"tpukit was tested with Keras >= {low} and < {high} (it patches private Keras internals); "
+                f"installed: {keras_version}.",
+                f'`pip install "keras>={low},<{high}"`, {RESTART}',
             )
         )
     else:
