@@ -15,7 +15,9 @@ import tensorflow as tf  # noqa: E402
 
 VIRTUAL_CPUS = 8
 _cpu = tf.config.list_physical_devices("CPU")[0]
-tf.config.set_logical_device_configuration(_cpu, [tf.config.LogicalDeviceConfiguration()] * VIRTUAL_CPUS)
+tf.config.set_logical_device_configuration(
+    _cpu, [tf.config.LogicalDeviceConfiguration()] * VIRTUAL_CPUS
+)
 
 
 @functools.cache

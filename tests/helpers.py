@@ -10,7 +10,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPES = os.path.join(REPO, "recipes")
 
 
-def run_cli(*args: str, cwd: str | None = None, timeout: int = 600, env: dict | None = None) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str, cwd: str | None = None, timeout: int = 600, env: dict | None = None
+) -> subprocess.CompletedProcess:
     env = dict(env or os.environ, TF_CPP_MIN_LOG_LEVEL="2", KERAS_BACKEND="tensorflow")
     return subprocess.run(
         [sys.executable, "-m", "tpukit.train", *args],
@@ -52,10 +54,23 @@ def start_workers(log_dir, args_for, count: int = 2, timeout: int = 300, env_for
     processes = []
     for index in range(count):
         tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
-        env = dict(os.environ, TF_CONFIG=json.dumps(tf_config), TF_CPP_MIN_LOG_LEVEL="2", KERAS_BACKEND="tensorflow",
-                   CUDA_VISIBLE_DEVICES="", **(env_for(index) if env_for else {}))
+        env = dict(
+            os.environ,
+            TF_CONFIG=json.dumps(tf_config),
+            TF_CPP_MIN_LOG_LEVEL="2",
+            KERAS_BACKEND="tensorflow",
+            CUDA_VISIBLE_DEVICES="",
+            **(env_for(index) if env_for else {}),
+        )
         log = open(os.path.join(log_dir, f"worker{index}.log"), "w")
-        processes.append((subprocess.Popen(args_for(index), env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO), log))
+        processes.append(
+            (
+                subprocess.Popen(
+                    args_for(index), env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO
+                ),
+                log,
+            )
+        )
     try:
         for process, _ in processes:
             process.wait(timeout=timeout)

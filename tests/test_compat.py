@@ -16,7 +16,9 @@ def test_a_keras_outside_the_tested_range_is_refused_with_the_install_command(mo
     with pytest.raises(ImportError) as info:
         compat.check_keras()
     assert f"received keras {version}" in str(info.value)
-    assert "pip install 'keras>=3.15,<3.16'" in str(info.value) and "TPUKIT_ALLOW_UNTESTED_KERAS=1" in str(info.value)
+    assert "pip install 'keras>=3.15,<3.16'" in str(
+        info.value
+    ) and "TPUKIT_ALLOW_UNTESTED_KERAS=1" in str(info.value)
 
 
 def test_the_escape_hatch_warns_instead(monkeypatch, caplog):

@@ -44,7 +44,11 @@ WORKER = textwrap.dedent(
 def test_two_workers_read_disjoint_shards_covering_every_id(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(WORKER.format(num_ids=NUM_IDS))
-    codes = start_workers(tmp_path, lambda i: [sys.executable, str(script), str(tmp_path / f"seen{i}.json")], timeout=150)
+    codes = start_workers(
+        tmp_path,
+        lambda i: [sys.executable, str(script), str(tmp_path / f"seen{i}.json")],
+        timeout=150,
+    )
     for index, code in enumerate(codes):
         assert code == 0, (tmp_path / f"worker{index}.log").read_text()[-3000:]
     seen = [json.loads((tmp_path / f"seen{i}.json").read_text()) for i in range(2)]

@@ -25,7 +25,9 @@ def _ids_source(n):
 
 def _contexts(pipelines, replicas):
     return [
-        tf.distribute.InputContext(num_input_pipelines=pipelines, input_pipeline_id=i, num_replicas_in_sync=replicas)
+        tf.distribute.InputContext(
+            num_input_pipelines=pipelines, input_pipeline_id=i, num_replicas_in_sync=replicas
+        )
         for i in range(pipelines)
     ]
 
@@ -41,7 +43,9 @@ def test_per_replica_shapes_on_virtual_devices(replicas):
     per_replica = strategy.experimental_local_results(features)
     assert len(per_replica) == replicas
     assert all(tuple(x.shape) == (64 // replicas, 3) for x in per_replica)
-    assert all(tuple(y.shape) == (64 // replicas,) for y in strategy.experimental_local_results(labels))
+    assert all(
+        tuple(y.shape) == (64 // replicas,) for y in strategy.experimental_local_results(labels)
+    )
 
 
 def test_training_over_two_pipelines_loses_and_duplicates_nothing():
@@ -53,7 +57,9 @@ def test_training_over_two_pipelines_loses_and_duplicates_nothing():
     assert sorted(seen) == list(range(96))
 
 
-@pytest.mark.parametrize("pipelines,replicas,n", [(1, 1, 37), (1, 2, 37), (2, 2, 37), (2, 4, 101), (2, 8, 5)])
+@pytest.mark.parametrize(
+    "pipelines,replicas,n", [(1, 1, 37), (1, 2, 37), (2, 2, 37), (2, 4, 101), (2, 8, 5)]
+)
 def test_eval_counts_every_example_exactly_once(pipelines, replicas, n):
     source = _ids_source(n)
     weights_total, seen, batch_counts = 0.0, [], []
@@ -72,10 +78,16 @@ def test_eval_counts_every_example_exactly_once(pipelines, replicas, n):
 def test_eval_on_mirrored_strategy_is_exact():
     strategy = mirrored(2)
     source = _ids_source(21)
-    dataset = strategy.distribute_datasets_from_function(lambda ctx: data.eval_batches(source(ctx), 21, 8, ctx))
+    dataset = strategy.distribute_datasets_from_function(
+        lambda ctx: data.eval_batches(source(ctx), 21, 8, ctx)
+    )
     seen = []
     for _, labels, weights in dataset:
-        for y, w in zip(strategy.experimental_local_results(labels), strategy.experimental_local_results(weights), strict=True):
+        for y, w in zip(
+            strategy.experimental_local_results(labels),
+            strategy.experimental_local_results(weights),
+            strict=True,
+        ):
             seen += [int(i) for i, wi in zip(y.numpy(), w.numpy(), strict=True) if wi > 0]
     assert sorted(seen) == list(range(21))
 
@@ -83,7 +95,9 @@ def test_eval_on_mirrored_strategy_is_exact():
 def test_feature_dtype_casts_floats_only():
     tokens = data.arrays(np.zeros((8, 4), np.int32), np.zeros(8, np.int32))
     images = data.arrays(np.zeros((8, 4), np.float32), np.zeros(8, np.int32))
-    assert data.training_batches(tokens, 4, feature_dtype="bfloat16").element_spec[0].dtype == tf.int32
+    assert (
+        data.training_batches(tokens, 4, feature_dtype="bfloat16").element_spec[0].dtype == tf.int32
+    )
     spec = data.training_batches(images, 4, feature_dtype="bfloat16").element_spec
     assert (spec[0].dtype, spec[1].dtype) == (tf.bfloat16, tf.int32)
     eval_spec = data.eval_batches(images, 8, 4, feature_dtype="bfloat16").element_spec
@@ -91,11 +105,16 @@ def test_feature_dtype_casts_floats_only():
 
 
 def test_options_knobs_are_applied():
-    dataset = data.training_batches(data.arrays(np.zeros((8, 2)), np.zeros(8)), 4, private_threadpool_size=3)
+    dataset = data.training_batches(
+        data.arrays(np.zeros((8, 2)), np.zeros(8)), 4, private_threadpool_size=3
+    )
     opts = dataset.options()
     assert opts.threading.private_threadpool_size == 3
     assert opts.deterministic is False
-    assert data.eval_batches(data.arrays(np.zeros((8, 2)), np.zeros(8)), 8, 4).options().deterministic is True
+    assert (
+        data.eval_batches(data.arrays(np.zeros((8, 2)), np.zeros(8)), 8, 4).options().deterministic
+        is True
+    )
 
 
 def test_cache_is_skipped_and_logged_when_it_would_not_fit(monkeypatch, caplog):
@@ -117,7 +136,9 @@ def test_batch_that_does_not_divide_names_both_numbers():
 
 def test_eval_weights_are_shaped_like_sequence_labels():
     # A language model's labels are [T] per example; its per-token loss needs [B, T] weights, padding all zero.
-    tokens = tf.data.Dataset.from_tensor_slices((tf.zeros((5, 3), tf.int32), tf.ones((5, 3), tf.int32)))
+    tokens = tf.data.Dataset.from_tensor_slices(
+        (tf.zeros((5, 3), tf.int32), tf.ones((5, 3), tf.int32))
+    )
     batches = list(data.eval_batches(tokens, num_examples=5, global_batch_size=4))
     assert [tuple(w.shape) for _, _, w in batches] == [(4, 3), (4, 3)]
     assert batches[1][2].numpy().tolist() == [[1.0] * 3] + [[0.0] * 3] * 3

@@ -22,19 +22,25 @@ def source_options(tmp_path_factory):
     return {
         "digits": {},
         "synthetic": {"input_shape": [4, 4, 1], "num_examples": 16},
-        "text_files": {"file_pattern": str(root / "*.txt"), "sequence_length": 16, "test_fraction": 0.3},
+        "text_files": {
+            "file_pattern": str(root / "*.txt"),
+            "sequence_length": 16,
+            "test_fraction": 0.3,
+        },
         "tfds": {"name": "cifar10", "augment": "crop_flip"},
         "tfrecord_images": {"file_pattern": str(root / "{split}-*"), "image_size": [16, 16]},
     }
 
 
 def _recipe(source, options, precision="float32"):
-    return from_dict({
-        "model": {"name": "small_cnn"},
-        "data": {"source": source, "global_batch_size": 4, "shuffle_buffer": 8, **options},
-        "train": {"epochs": 1, "learning_rate": 0.01},
-        "runtime": {"precision": precision},
-    })
+    return from_dict(
+        {
+            "model": {"name": "small_cnn"},
+            "data": {"source": source, "global_batch_size": 4, "shuffle_buffer": 8, **options},
+            "train": {"epochs": 1, "learning_rate": 0.01},
+            "runtime": {"precision": precision},
+        }
+    )
 
 
 def test_every_source_is_covered(source_options):
@@ -56,7 +62,9 @@ def test_training_and_eval_batches_have_static_shapes(source, policy, source_opt
                 assert spec.shape[0] == 2  # per replica
             features = dataset.element_spec[0]
             if features.dtype.is_floating:
-                assert features.dtype == tf.as_dtype(keras.mixed_precision.global_policy().compute_dtype)
+                assert features.dtype == tf.as_dtype(
+                    keras.mixed_precision.global_policy().compute_dtype
+                )
         # The run's eval dataset repeats its padded pass (for Keras' validation); one pass is eval_steps batches.
         steps = data.eval_steps(eval_examples, recipe.data.global_batch_size)
         # Weights are shaped like the labels (one per token for language models): an example counts once.
@@ -69,12 +77,16 @@ def test_training_and_eval_batches_have_static_shapes(source, policy, source_opt
 def test_reserved_args_are_not_recipe_keys(source_options):
     with pytest.raises(RecipeError, match="unknown key data.training"):
         _recipe("tfrecord_images", {**source_options["tfrecord_images"], "training": True})
-    recipe = _recipe("tfrecord_images", {**source_options["tfrecord_images"], "split_sizes": {"test": 4}})
+    recipe = _recipe(
+        "tfrecord_images", {**source_options["tfrecord_images"], "split_sizes": {"test": 4}}
+    )
     assert count_examples(recipe, "test") == 4 and count_examples(recipe, "train") == 8
 
 
 def test_pipeline_knobs_reach_the_dataset(source_options):
-    recipe = _recipe("digits", {"private_threadpool_size": 2, "prefetch_batches": 3, "deterministic": True})
+    recipe = _recipe(
+        "digits", {"private_threadpool_size": 2, "prefetch_batches": 3, "deterministic": True}
+    )
     train_fn, _ = input_fns(recipe, 0)
     options = train_fn(None).options()
     assert options.threading.private_threadpool_size == 2 and options.deterministic is True

@@ -27,26 +27,36 @@ def test_pack_windows_shifts_labels_by_one_token():
 @pytest.fixture
 def corpus(tmp_path):
     for i in range(3):
-        (tmp_path / f"doc{i}.txt").write_text(f"document {i}: " + "the quick brown fox jumps. " * 40)
+        (tmp_path / f"doc{i}.txt").write_text(
+            f"document {i}: " + "the quick brown fox jumps. " * 40
+        )
     return str(tmp_path / "*.txt")
 
 
 def test_text_files_splits_deterministically_and_disjointly(corpus):
-    train = list(data.text_files("train", None, file_pattern=corpus, sequence_length=16, test_fraction=0.25))
-    test = list(data.text_files("test", None, file_pattern=corpus, sequence_length=16, test_fraction=0.25))
+    train = list(
+        data.text_files("train", None, file_pattern=corpus, sequence_length=16, test_fraction=0.25)
+    )
+    test = list(
+        data.text_files("test", None, file_pattern=corpus, sequence_length=16, test_fraction=0.25)
+    )
     assert len(test) == round(len(train + test) * 0.25) and len(train) > 3 * len(test) - 3
     x, y = train[0]
     assert x.shape == y.shape == (16,) and x.dtype == y.dtype == tf.int32
     assert x.numpy()[1:].tolist() == y.numpy()[:-1].tolist()
     assert 0 <= int(tf.reduce_min(x)) and int(tf.reduce_max(x)) < text.VOCAB_SIZE
-    again = list(data.text_files("train", None, file_pattern=corpus, sequence_length=16, test_fraction=0.25))
+    again = list(
+        data.text_files("train", None, file_pattern=corpus, sequence_length=16, test_fraction=0.25)
+    )
     assert all(np.array_equal(a[0], b[0]) for a, b in zip(train, again, strict=True))
 
 
 def test_text_files_shards_windows_across_pipelines(corpus):
     whole = data.text_files("train", None, file_pattern=corpus, sequence_length=16)
     shards = [
-        data.text_files("train", tf.distribute.InputContext(2, i, 2), file_pattern=corpus, sequence_length=16)
+        data.text_files(
+            "train", tf.distribute.InputContext(2, i, 2), file_pattern=corpus, sequence_length=16
+        )
         for i in range(2)
     ]
     assert sum(int(s.cardinality()) for s in shards) == int(whole.cardinality())

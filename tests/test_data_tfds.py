@@ -32,7 +32,13 @@ def test_mnist_images_are_unit_float32_with_int32_labels():
 @pytest.mark.parametrize("split", ["train", "test"])
 def test_cifar10_resized_augmented_and_static(split):
     examples = data.tfds_dataset(
-        split, None, name="cifar10", image_size=(24, 24), augment="crop_flip", normalize="imagenet", cache=True
+        split,
+        None,
+        name="cifar10",
+        image_size=(24, 24),
+        augment="crop_flip",
+        normalize="imagenet",
+        cache=True,
     )
     spec = data.training_batches(examples, 4).element_spec
     assert [s.shape.as_list() for s in spec] == [[4, 24, 24, 3], [4]]
@@ -59,8 +65,12 @@ def test_example_level_sharding_is_disjoint_and_complete():
     seen = []
     for i in range(3):
         ctx = tf.distribute.InputContext(3, i, 3)
-        seen += [int(np.sum(x)) for x, _ in data.tfds_dataset("test", ctx, name="mnist", training=False)]
-    whole = [int(np.sum(x)) for x, _ in data.tfds_dataset("test", None, name="mnist", training=False)]
+        seen += [
+            int(np.sum(x)) for x, _ in data.tfds_dataset("test", ctx, name="mnist", training=False)
+        ]
+    whole = [
+        int(np.sum(x)) for x, _ in data.tfds_dataset("test", None, name="mnist", training=False)
+    ]
     assert sorted(seen) == sorted(whole) and len(whole) == 12
 
 
@@ -83,7 +93,11 @@ def test_feature_names_are_configurable_and_checked():
 def test_count_uses_split_info_and_defers_when_it_cannot_say():
     from tpukit.data import tfds as tfds_source
 
-    assert tfds_source.count("train", name="tiny_shakespeare") is None  # windows depend on sequence_length
-    assert tfds_source.count("train", name="mnist") is None  # mock_data: no split info, the run counts instead
+    assert (
+        tfds_source.count("train", name="tiny_shakespeare") is None
+    )  # windows depend on sequence_length
+    assert (
+        tfds_source.count("train", name="mnist") is None
+    )  # mock_data: no split info, the run counts instead
     with pytest.raises(ValueError, match="unknown dataset name='no_such_dataset'"):
         data.tfds_dataset("train", None, name="no_such_dataset")

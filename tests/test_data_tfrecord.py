@@ -16,11 +16,17 @@ def _write(path, ids, image_key="image/encoded", label_key="image/class/label"):
     with tf.io.TFRecordWriter(str(path)) as writer:
         for i in ids:
             height, width = 40 + 8 * (i % 3), 48
-            jpeg = tf.io.encode_jpeg(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).numpy()
-            example = tf.train.Example(features=tf.train.Features(feature={
-                image_key: tf.train.Feature(bytes_list=tf.train.BytesList(value=[jpeg])),
-                label_key: tf.train.Feature(int64_list=tf.train.Int64List(value=[int(i)])),
-            }))
+            jpeg = tf.io.encode_jpeg(
+                rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
+            ).numpy()
+            example = tf.train.Example(
+                features=tf.train.Features(
+                    feature={
+                        image_key: tf.train.Feature(bytes_list=tf.train.BytesList(value=[jpeg])),
+                        label_key: tf.train.Feature(int64_list=tf.train.Int64List(value=[int(i)])),
+                    }
+                )
+            )
             writer.write(example.SerializeToString())
 
 
@@ -41,7 +47,9 @@ def _labels(dataset):
 @pytest.mark.parametrize("training", [True, False])
 def test_decodes_to_static_normalised_images(files, training):
     split = "train" if training else "validation"
-    examples = data.tfrecord_images(split, None, file_pattern=files, image_size=(32, 32), normalize="unit", training=training)
+    examples = data.tfrecord_images(
+        split, None, file_pattern=files, image_size=(32, 32), normalize="unit", training=training
+    )
     assert examples.element_spec[0].shape.as_list() == [32, 32, 3]
     image, label = next(iter(examples))
     assert image.dtype == tf.float32 and label.dtype == tf.int32
@@ -63,7 +71,9 @@ def test_fewer_files_than_pipelines_falls_back_to_records_with_a_warning(files, 
     with caplog.at_level(logging.WARNING, logger="tpukit"):
         for i in range(8):
             ctx = tf.distribute.InputContext(8, i, 8)
-            seen += _labels(data.tfrecord_images("train", ctx, file_pattern=files, image_size=(16, 16)))
+            seen += _labels(
+                data.tfrecord_images("train", ctx, file_pattern=files, image_size=(16, 16))
+            )
     assert sorted(seen) == list(range(30))
     assert "4 TFRecord file(s) for 8 input pipelines" in caplog.text
 
@@ -72,7 +82,9 @@ def test_eval_shards_by_record_so_evaluation_is_exact(files):
     seen, weight = [], 0.0
     for i in range(2):
         ctx = tf.distribute.InputContext(2, i, 4)
-        examples = data.tfrecord_images("validation", ctx, file_pattern=files, image_size=(16, 16), training=False)
+        examples = data.tfrecord_images(
+            "validation", ctx, file_pattern=files, image_size=(16, 16), training=False
+        )
         for _, labels, weights in data.eval_batches(examples, 11, 4, ctx):
             weight += float(tf.reduce_sum(weights))
             seen += [int(y) for y, w in zip(labels.numpy(), weights.numpy(), strict=True) if w > 0]
@@ -82,8 +94,16 @@ def test_eval_shards_by_record_so_evaluation_is_exact(files):
 def test_custom_keys_and_label_offset(tmp_path):
     _write(tmp_path / "train-0", np.arange(1, 4), image_key="jpeg", label_key="cls")
     examples = data.tfrecord_images(
-        "train", None, file_pattern=str(tmp_path / "{split}-*"), image_key="jpeg", label_key="cls",
-        label_offset=-1, channels=1, image_size=(8, 8), normalize="symmetric", training=False,
+        "train",
+        None,
+        file_pattern=str(tmp_path / "{split}-*"),
+        image_key="jpeg",
+        label_key="cls",
+        label_offset=-1,
+        channels=1,
+        image_size=(8, 8),
+        normalize="symmetric",
+        training=False,
     )
     assert sorted(_labels(examples)) == [0, 1, 2]
     assert examples.element_spec[0].shape.as_list() == [8, 8, 1]
@@ -96,7 +116,9 @@ def test_count_reads_records_or_uses_split_sizes(files):
 
 
 def test_cache_stores_records_before_augmentation(files):
-    examples = data.tfrecord_images("train", None, file_pattern=files, image_size=(16, 16), cache=True)
+    examples = data.tfrecord_images(
+        "train", None, file_pattern=files, image_size=(16, 16), cache=True
+    )
     first = sorted((int(y), x.sum()) for x, y in examples.as_numpy_iterator())
     second = sorted((int(y), x.sum()) for x, y in examples.as_numpy_iterator())
     assert [y for y, _ in first] == list(range(30))

@@ -235,7 +235,9 @@ def test_old_keras_fails():
 
 
 def test_a_keras_outside_the_tested_range_fails_with_the_install_command():
-    (finding,) = by_topic(doctor.check_versions(detect({}), {**GOOD_CPU, "keras": "3.12.4"}), "keras")
+    (finding,) = by_topic(
+        doctor.check_versions(detect({}), {**GOOD_CPU, "keras": "3.12.4"}), "keras"
+    )
     assert finding.level == "fail" and "keras>=3.15,<3.16" in finding.fix
 
 

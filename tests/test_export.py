@@ -25,7 +25,10 @@ def test_export_round_trips_keras_and_saved_model(tmp_path):
 
     paths = export_model(model, str(tmp_path / "out"))
 
-    assert paths == {"keras": str(tmp_path / "out" / "model.keras"), "saved_model": str(tmp_path / "out" / "saved_model")}
+    assert paths == {
+        "keras": str(tmp_path / "out" / "model.keras"),
+        "saved_model": str(tmp_path / "out" / "saved_model"),
+    }
     reloaded = keras.models.load_model(paths["keras"])
     np.testing.assert_allclose(reloaded(images, training=False).numpy(), expected, atol=1e-5)
     # The plain TensorFlow way, without tpukit: the endpoint is named "serve", as keras.Model.export names it.
@@ -33,7 +36,9 @@ def test_export_round_trips_keras_and_saved_model(tmp_path):
     loaded = tf.saved_model.load(paths["saved_model"])
     served = loaded.serve(tf.constant(images))
     np.testing.assert_allclose(served.numpy(), expected, atol=1e-5)
-    np.testing.assert_allclose(load_serving(paths["saved_model"])(images).numpy(), expected, atol=1e-5)
+    np.testing.assert_allclose(
+        load_serving(paths["saved_model"])(images).numpy(), expected, atol=1e-5
+    )
 
 
 def test_saved_model_has_serving_default_with_dynamic_batch(tmp_path):
@@ -59,7 +64,9 @@ def test_mixed_bfloat16_serves_float32_logits(tmp_path):
     np.testing.assert_allclose(served.numpy(), expected.numpy(), atol=1e-5)
     reloaded = keras.models.load_model(paths["keras"])
     assert reloaded.dtype_policy.name == "mixed_bfloat16"
-    np.testing.assert_allclose(reloaded(images, training=False).numpy(), expected.numpy(), atol=1e-5)
+    np.testing.assert_allclose(
+        reloaded(images, training=False).numpy(), expected.numpy(), atol=1e-5
+    )
 
 
 def test_bfloat16_outputs_are_cast_to_float32_for_serving(tmp_path):
@@ -88,7 +95,9 @@ def test_export_model_built_under_a_strategy(tmp_path, strategy_2):
         model = _model()
     paths = export_model(model, str(tmp_path))
     np.testing.assert_allclose(
-        load_serving(paths["saved_model"])(_images()).numpy(), model(_images(), training=False).numpy(), atol=1e-5
+        load_serving(paths["saved_model"])(_images()).numpy(),
+        model(_images(), training=False).numpy(),
+        atol=1e-5,
     )
 
 
@@ -123,7 +132,12 @@ class _Strategy:
 
 @pytest.mark.parametrize(
     "master, expected",
-    [("grpc://10.0.0.2:8470", "/job:localhost"), (b"grpc://10.0.0.2:8470", "/job:localhost"), ("", None), ("local", None)],
+    [
+        ("grpc://10.0.0.2:8470", "/job:localhost"),
+        (b"grpc://10.0.0.2:8470", "/job:localhost"),
+        ("", None),
+        ("local", None),
+    ],
 )
 def test_io_device_for_remote_tpu_nodes_only(master, expected):
     assert io_device_for(_Strategy(master)) == expected

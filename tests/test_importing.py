@@ -44,9 +44,13 @@ def test_model_and_data_in_a_custom_loop_on_two_replicas():
         # Built here, not lazily at the first apply_gradients: inside strategy.run in a tf.function, Keras would
         # create its slot variables in a tf.cond, which fails with "You must feed a value for placeholder".
         optimizer.build(model.trainable_variables)
-        per_example_loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+        per_example_loss = keras.losses.SparseCategoricalCrossentropy(
+            from_logits=True, reduction=None
+        )
     batches = strategy.distribute_datasets_from_function(
-        lambda ctx: tpukit.data.training_batches(tpukit.data.digits("train", ctx), GLOBAL_BATCH, ctx)
+        lambda ctx: tpukit.data.training_batches(
+            tpukit.data.digits("train", ctx), GLOBAL_BATCH, ctx
+        )
     )
 
     def replica_step(images, labels):

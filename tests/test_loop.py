@@ -14,7 +14,11 @@ from conftest import mirrored
 
 from tpukit.loop import auto_steps_per_execution, check_steps_per_execution, use_multi_step_loop
 
-GLOBAL_BATCH, STEPS, EVAL_STEPS = 16, 8, 6  # 6 eval batches: the last execution of 4 steps is partial
+GLOBAL_BATCH, STEPS, EVAL_STEPS = (
+    16,
+    8,
+    6,
+)  # 6 eval batches: the last execution of 4 steps is partial
 _rng = np.random.RandomState(0)
 X = _rng.randn(GLOBAL_BATCH * STEPS, 6).astype("float32")
 Y = (X @ _rng.randn(6, 1) + 0.1).astype("float32")
@@ -49,7 +53,10 @@ def _model(strategy, steps_per_execution):
         outputs = keras.layers.Dense(1)(keras.layers.Dense(16, activation="tanh")(inputs))
         model = keras.Model(inputs, outputs)
         model.compile(
-            optimizer=keras.optimizers.SGD(0.05), loss="mse", metrics=["mae"], steps_per_execution=steps_per_execution
+            optimizer=keras.optimizers.SGD(0.05),
+            loss="mse",
+            metrics=["mae"],
+            steps_per_execution=steps_per_execution,
         )
         # Each replica writes its loss (already divided by the replica count); reading sums the replicas.
         step_losses = tf.Variable(
@@ -63,7 +70,9 @@ def _model(strategy, steps_per_execution):
         loss = type(self).compute_loss(self, x, y, y_pred, sample_weight, training=training)
         if training:
             step = tf.cast(tf.convert_to_tensor(self.optimizer.iterations.value), tf.int32)
-            step_losses.assign(tf.tensor_scatter_nd_update(step_losses, [[step]], [tf.cast(loss, tf.float32)]))
+            step_losses.assign(
+                tf.tensor_scatter_nd_update(step_losses, [[step]], [tf.cast(loss, tf.float32)])
+            )
         return loss
 
     model.compute_loss = types.MethodType(compute_loss, model)
@@ -94,7 +103,14 @@ def _python(code: str) -> subprocess.CompletedProcess:
     """Runs `code` in a fresh interpreter with tests/ importable (conftest sets up the virtual CPUs)."""
     env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="2")
     tests = os.path.dirname(os.path.abspath(__file__))
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tests, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tests,
+        timeout=300,
+    )
 
 
 def assert_matches_one_device(replicas):
@@ -105,7 +121,9 @@ def assert_matches_one_device(replicas):
     assert run["model"].train_function.tpukit_multi_step
     np.testing.assert_allclose(run["step_losses"], one_device["step_losses"], atol=1e-5)
     assert not np.any(one_device["step_losses"][STEPS:])
-    assert np.all(one_device["step_losses"][:STEPS] > 0)  # every one of the 8 steps ran and wrote its loss
+    assert np.all(
+        one_device["step_losses"][:STEPS] > 0
+    )  # every one of the 8 steps ran and wrote its loss
     for got, want in zip(run["weights"], one_device["weights"], strict=True):
         np.testing.assert_allclose(got, want, atol=1e-5)
     for key in ("loss", "mae"):
@@ -115,7 +133,10 @@ def assert_matches_one_device(replicas):
     # Callbacks see Keras' own bookkeeping: the last step index of each execution (one device: every step).
     assert one_device["train_batches"] == list(range(STEPS))
     assert run["train_batches"] == [3, 7]
-    assert run["test_batches"] == [3, 7]  # 6 eval batches: the second execution ran 2 steps and stopped cleanly
+    assert run["test_batches"] == [
+        3,
+        7,
+    ]  # 6 eval batches: the second execution ran 2 steps and stopped cleanly
 
 
 def test_two_replicas_with_steps_per_execution_match_one_device():
@@ -126,7 +147,9 @@ def test_four_replicas_with_steps_per_execution_match_one_device():
     # In a subprocess: every MirroredStrategy numbers its collective groups from 1, so a 4-replica strategy in this
     # process breaks the shared 2-replica one ("joining a group with size 4, but that group has size 2").
     result = _python("import test_loop; test_loop.assert_matches_one_device(4); print('MATCHED')")
-    assert result.returncode == 0 and "MATCHED" in result.stdout, result.stdout + result.stderr[-3000:]
+    assert result.returncode == 0 and "MATCHED" in result.stdout, (
+        result.stdout + result.stderr[-3000:]
+    )
 
 
 def test_recompile_keeps_the_loop_and_steps_count_with_a_distributed_repeated_dataset():
@@ -143,14 +166,20 @@ def test_recompile_keeps_the_loop_and_steps_count_with_a_distributed_repeated_da
         batches = BatchLogs()
         model.fit(
             strategy.distribute_datasets_from_function(dataset_fn),
-            epochs=epochs, steps_per_epoch=STEPS, verbose=0, callbacks=[batches], shuffle=False,
+            epochs=epochs,
+            steps_per_epoch=STEPS,
+            verbose=0,
+            callbacks=[batches],
+            shuffle=False,
         )
         return batches.train
 
     assert fit(epochs=2) == [3, 7, 3, 7]
     assert int(model.optimizer.iterations.numpy()) == 2 * STEPS
 
-    with strategy.scope():  # compile() resets train_function; the bound method must build the loop again
+    with (
+        strategy.scope()
+    ):  # compile() resets train_function; the bound method must build the loop again
         model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", steps_per_execution=2)
     assert fit(epochs=1) == [1, 3, 5, 7]
     assert model.train_function.tpukit_multi_step
@@ -197,7 +226,9 @@ def test_stock_keras_fails_on_two_replicas_so_these_tests_exercise_the_bug():
     )
     result = _python(script)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "You must feed a value for placeholder tensor" in result.stdout, result.stdout + result.stderr[-2000:]
+    assert "You must feed a value for placeholder tensor" in result.stdout, (
+        result.stdout + result.stderr[-2000:]
+    )
 
 
 def test_keras_trains_whole_executions_past_the_end_of_an_epoch():

@@ -13,9 +13,27 @@ TINY = {
     "small_cnn": dict(input_shape=(8, 8, 1), num_classes=3, filters=(4,), dense_units=8),
     "resnet_cifar": dict(depth=8, num_classes=3, input_shape=(16, 16, 3), width=4),
     "resnet50": dict(num_classes=3, input_shape=(64, 64, 3)),
-    "transformer_classifier": dict(vocab_size=VOCAB, sequence_length=8, num_classes=3, num_layers=1, hidden_dim=16, num_heads=2, mlp_dim=32),
-    "causal_lm": dict(vocab_size=VOCAB, sequence_length=8, num_layers=1, hidden_dim=16, num_heads=2, mlp_dim=32),
-    "vit": dict(input_shape=(16, 16, 3), num_classes=3, patch_size=4, num_layers=1, hidden_dim=16, num_heads=2, mlp_dim=32),
+    "transformer_classifier": dict(
+        vocab_size=VOCAB,
+        sequence_length=8,
+        num_classes=3,
+        num_layers=1,
+        hidden_dim=16,
+        num_heads=2,
+        mlp_dim=32,
+    ),
+    "causal_lm": dict(
+        vocab_size=VOCAB, sequence_length=8, num_layers=1, hidden_dim=16, num_heads=2, mlp_dim=32
+    ),
+    "vit": dict(
+        input_shape=(16, 16, 3),
+        num_classes=3,
+        patch_size=4,
+        num_layers=1,
+        hidden_dim=16,
+        num_heads=2,
+        mlp_dim=32,
+    ),
 }
 BATCH = 2
 
@@ -78,7 +96,10 @@ def test_one_xla_train_step(name):
     )
     loss = model.train_on_batch(x, y)
     assert np.isfinite(loss)
-    changed = [not np.array_equal(b, w.numpy()) for b, w in zip(before, model.trainable_weights, strict=True)]
+    changed = [
+        not np.array_equal(b, w.numpy())
+        for b, w in zip(before, model.trainable_weights, strict=True)
+    ]
     assert any(changed)
 
 
@@ -92,7 +113,10 @@ def test_one_mixed_bfloat16_train_step(name):
     assert logits.dtype == "float32"
     assert {w.dtype for w in model.weights} == {"float32"}
     assert model.dtype_policy.compute_dtype == "bfloat16"  # the policy is really mixed
-    model.compile(optimizer=keras.optimizers.SGD(0.01), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.compile(
+        optimizer=keras.optimizers.SGD(0.01),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
     loss = model.train_on_batch(x, y)
     assert np.isfinite(loss)
     assert {w.dtype for w in model.weights} == {"float32"}
@@ -112,13 +136,17 @@ def test_resnet_cifar_20_has_the_paper_layout():
     assert [c.filters for c in _convs(model) if c.kernel_size == (1, 1)] == [32, 64]
     assert model.get_layer("pool").output.shape == (None, 64)
     # 269,722 (He et al.'s ResNet-20 with identity shortcuts) + 2,752 for the two projection shortcuts.
-    assert model.count_params() - sum(w.numpy().size for w in model.non_trainable_weights) == 272_474
+    assert (
+        model.count_params() - sum(w.numpy().size for w in model.non_trainable_weights) == 272_474
+    )
 
 
 def test_resnet50_matches_the_reference_parameter_count_and_v1_5_strides():
     model = resnet50(input_shape=(64, 64, 3))
     trainable = sum(w.numpy().size for w in model.trainable_weights)
-    assert trainable == 25_557_032  # torchvision / Model Garden ResNet-50 (v1 and v1.5 have the same weights)
+    assert (
+        trainable == 25_557_032
+    )  # torchvision / Model Garden ResNet-50 (v1 and v1.5 have the same weights)
     assert len(_convs(model)) == 53
     # v1.5: the stride sits on the 3x3 conv of the first block of stages 2-4.
     assert model.get_layer("stage2_block1_conv1").strides == (1, 1)
@@ -185,13 +213,18 @@ def test_transformer_block_padding_mask_hides_padded_keys():
 def test_vit_token_count_depends_on_pooling():
     with_token = vit(**TINY["vit"], pooling="class_token")
     mean = vit(**TINY["vit"], pooling="mean")
-    assert with_token.get_layer("position_embedding").position_embeddings.shape == (17, 16)  # 4x4 patches + 1
+    assert with_token.get_layer("position_embedding").position_embeddings.shape == (
+        17,
+        16,
+    )  # 4x4 patches + 1
     assert mean.get_layer("position_embedding").position_embeddings.shape == (16, 16)
     assert with_token.get_layer("patch_embedding").strides == (4, 4)
 
 
 def test_vit_rejects_an_image_that_does_not_divide_into_patches():
-    with pytest.raises(ValueError, match=r"patch_size.*received input_shape=\(30, 30, 3\), patch_size=4"):
+    with pytest.raises(
+        ValueError, match=r"patch_size.*received input_shape=\(30, 30, 3\), patch_size=4"
+    ):
         vit(input_shape=(30, 30, 3), patch_size=4)
 
 
@@ -203,7 +236,15 @@ def test_transformer_rejects_heads_that_do_not_divide_the_width():
 @pytest.mark.parametrize(
     "layer",
     [
-        TransformerBlock(num_heads=2, mlp_dim=8, dropout=0.1, attention_dropout=0.2, causal=True, layer_norm_epsilon=1e-5, activation="relu"),
+        TransformerBlock(
+            num_heads=2,
+            mlp_dim=8,
+            dropout=0.1,
+            attention_dropout=0.2,
+            causal=True,
+            layer_norm_epsilon=1e-5,
+            activation="relu",
+        ),
         SelfAttention(num_heads=3, causal=True, dropout=0.5),
         PositionEmbedding(sequence_length=7, initializer_stddev=0.1),
     ],
@@ -211,6 +252,16 @@ def test_transformer_rejects_heads_that_do_not_divide_the_width():
 def test_layer_config_returns_every_constructor_argument(layer):
     config = layer.get_config()
     assert type(layer).from_config(config).get_config() == config
-    for key in ("num_heads", "mlp_dim", "dropout", "attention_dropout", "causal", "layer_norm_epsilon", "activation", "sequence_length", "initializer_stddev"):
+    for key in (
+        "num_heads",
+        "mlp_dim",
+        "dropout",
+        "attention_dropout",
+        "causal",
+        "layer_norm_epsilon",
+        "activation",
+        "sequence_length",
+        "initializer_stddev",
+    ):
         if hasattr(layer, key):
             assert config[key] == getattr(layer, key)

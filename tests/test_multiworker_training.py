@@ -49,10 +49,17 @@ WORKER = textwrap.dedent(
 def test_two_workers_train_with_the_single_device_losses(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    codes = start_workers(tmp_path, lambda i: [sys.executable, str(script), str(tmp_path / f"out{i}.json"), "4"])
+    codes = start_workers(
+        tmp_path, lambda i: [sys.executable, str(script), str(tmp_path / f"out{i}.json"), "4"]
+    )
     assert codes == [0, 0], (tmp_path / "worker0.log").read_text()[-3000:]
-    single = subprocess.run([sys.executable, str(script), str(tmp_path / "single.json"), "1"], capture_output=True,
-                            text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), timeout=300)
+    single = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "single.json"), "1"],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+        timeout=300,
+    )
     assert single.returncode == 0, single.stderr[-2000:]
     expected = json.loads((tmp_path / "single.json").read_text())
     for index in range(2):
@@ -66,18 +73,37 @@ def test_the_cli_trains_a_recipe_on_a_two_worker_cluster(tmp_path):
     output_dir = tmp_path / "run"  # one directory for both workers, as on a shared file system
 
     def args(index):
-        return [sys.executable, "-m", "tpukit.train", "recipes/digits_cnn.yaml", "--output_dir", str(output_dir),
-                "--set", "train.epochs=1", "--set", "data.global_batch_size=32", "--set", "runtime.steps_per_execution=2"]
+        return [
+            sys.executable,
+            "-m",
+            "tpukit.train",
+            "recipes/digits_cnn.yaml",
+            "--output_dir",
+            str(output_dir),
+            "--set",
+            "train.epochs=1",
+            "--set",
+            "data.global_batch_size=32",
+            "--set",
+            "runtime.steps_per_execution=2",
+        ]
 
     codes = start_workers(tmp_path, args)
     logs = [(tmp_path / f"worker{i}.log").read_text() for i in range(2)]
     assert codes == [0, 0], logs[0][-3000:]
     # The chief writes OUTPUT_DIR; the other worker takes part in every save under OUTPUT_DIR/worker1.
-    metrics = [json.loads(path.read_text()) for path in (output_dir / "metrics.json", output_dir / "worker1" / "metrics.json")]
-    assert [m["strategy"] for m in metrics] == ["CollectiveAllReduceStrategy"] * 2  # MultiWorkerMirroredStrategy
+    metrics = [
+        json.loads(path.read_text())
+        for path in (output_dir / "metrics.json", output_dir / "worker1" / "metrics.json")
+    ]
+    assert [m["strategy"] for m in metrics] == [
+        "CollectiveAllReduceStrategy"
+    ] * 2  # MultiWorkerMirroredStrategy
     assert [m["replicas"] for m in metrics] == [2, 2]
     assert metrics[0]["step"] == metrics[1]["step"] == 1437 // 32
-    assert metrics[0]["eval"] == metrics[1]["eval"]  # one model, evaluated over both workers' shards
+    assert (
+        metrics[0]["eval"] == metrics[1]["eval"]
+    )  # one model, evaluated over both workers' shards
     assert metrics[0]["eval_examples"] == 360 and metrics[0]["eval"]["accuracy"] > 0.5
     assert "TF_CONFIG describes a cluster of 2 worker(s)" in logs[0]
     assert "not the chief" in logs[1] and "not the chief" not in logs[0]
@@ -88,11 +114,26 @@ def test_sigterm_on_one_worker_stops_every_worker_at_the_same_step_and_all_resum
     output_dir = tmp_path / "run"
 
     def args(index):
-        return [sys.executable, "-m", "tpukit.train", "recipes/digits_cnn.yaml", "--output_dir", str(output_dir),
-                "--set", "train.epochs=1", "--set", "data.global_batch_size=32", "--set", "runtime.steps_per_execution=2",
-                "--set", "data.deterministic=true"]
+        return [
+            sys.executable,
+            "-m",
+            "tpukit.train",
+            "recipes/digits_cnn.yaml",
+            "--output_dir",
+            str(output_dir),
+            "--set",
+            "train.epochs=1",
+            "--set",
+            "data.global_batch_size=32",
+            "--set",
+            "runtime.steps_per_execution=2",
+            "--set",
+            "data.deterministic=true",
+        ]
 
-    codes = start_workers(tmp_path, args, env_for=lambda i: {"TPUKIT_TEST_SIGTERM_AT_STEP": "10"} if i == 1 else {})
+    codes = start_workers(
+        tmp_path, args, env_for=lambda i: {"TPUKIT_TEST_SIGTERM_AT_STEP": "10"} if i == 1 else {}
+    )
     logs = [(tmp_path / f"worker{i}.log").read_text() for i in range(2)]
     assert codes == [143, 143], logs[0][-3000:] + logs[1][-3000:]
     assert all("stopped by SIGTERM at step 10" in log for log in logs)
@@ -110,9 +151,23 @@ def test_sigterm_on_one_worker_stops_every_worker_at_the_same_step_and_all_resum
 
 def _digits_args(output_dir, *extra):
     return lambda index: [
-        sys.executable, "-m", "tpukit.train", "recipes/digits_cnn.yaml", "--output_dir", str(output_dir),
-        "--set", "train.epochs=2", "--set", "data.global_batch_size=32", "--set", "runtime.steps_per_execution=2",
-        "--set", "runtime.checkpoint_every_steps=4", "--set", "data.deterministic=true", *extra,
+        sys.executable,
+        "-m",
+        "tpukit.train",
+        "recipes/digits_cnn.yaml",
+        "--output_dir",
+        str(output_dir),
+        "--set",
+        "train.epochs=2",
+        "--set",
+        "data.global_batch_size=32",
+        "--set",
+        "runtime.steps_per_execution=2",
+        "--set",
+        "runtime.checkpoint_every_steps=4",
+        "--set",
+        "data.deterministic=true",
+        *extra,
     ]
 
 
@@ -125,14 +180,30 @@ def test_a_killed_worker_stops_the_other_with_a_clear_message_and_all_resume(tmp
     workers = [f"127.0.0.1:{port}" for port in free_ports(2)]
     processes, logs = [], []
     for index in range(2):
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", KERAS_BACKEND="tensorflow", CUDA_VISIBLE_DEVICES="",
-                   TF_CONFIG=json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}))
+        env = dict(
+            os.environ,
+            TF_CPP_MIN_LOG_LEVEL="2",
+            KERAS_BACKEND="tensorflow",
+            CUDA_VISIBLE_DEVICES="",
+            TF_CONFIG=json.dumps(
+                {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
+            ),
+        )
         logs.append(open(tmp_path / f"worker{index}.log", "w"))
-        processes.append(subprocess.Popen(_digits_args(output_dir)(index), env=env, cwd=REPO, stdout=logs[-1],
-                                          stderr=subprocess.STDOUT))
+        processes.append(
+            subprocess.Popen(
+                _digits_args(output_dir)(index),
+                env=env,
+                cwd=REPO,
+                stdout=logs[-1],
+                stderr=subprocess.STDOUT,
+            )
+        )
     try:
         deadline = time.time() + 240
-        while time.time() < deadline and not (output_dir / "checkpoints" / "ckpt-20.index").exists():
+        while (
+            time.time() < deadline and not (output_dir / "checkpoints" / "ckpt-20.index").exists()
+        ):
             time.sleep(0.2)
         processes[1].kill()  # SIGKILL: no handler runs, as on a lost VM
         killed = time.time()
@@ -147,14 +218,22 @@ def test_a_killed_worker_stops_the_other_with_a_clear_message_and_all_resume(tmp
             log.close()
     chief = (tmp_path / "worker0.log").read_text()
     assert processes[0].returncode == 1, chief[-3000:]
-    assert waited < 60  # TensorFlow's coordination service notices the missing heartbeats (~10 s measured)
-    assert "another worker of this multi-worker cluster stopped" in chief and "Traceback" not in chief
+    assert (
+        waited < 60
+    )  # TensorFlow's coordination service notices the missing heartbeats (~10 s measured)
+    assert (
+        "another worker of this multi-worker cluster stopped" in chief and "Traceback" not in chief
+    )
 
     codes = start_workers(tmp_path, _digits_args(output_dir))  # the same command on every worker
     logs = [(tmp_path / f"worker{i}.log").read_text() for i in range(2)]
     assert codes == [0, 0], logs[0][-3000:] + logs[1][-3000:]
-    resumed = [json.loads((d / "metrics.json").read_text()) for d in (output_dir, output_dir / "worker1")]
-    assert resumed[0]["resumed_from_step"] == resumed[1]["resumed_from_step"] >= 20  # one step for both
+    resumed = [
+        json.loads((d / "metrics.json").read_text()) for d in (output_dir, output_dir / "worker1")
+    ]
+    assert (
+        resumed[0]["resumed_from_step"] == resumed[1]["resumed_from_step"] >= 20
+    )  # one step for both
     assert resumed[0]["step"] == resumed[1]["step"] == 2 * (1437 // 32)
 
 
@@ -162,11 +241,16 @@ def test_workers_started_with_different_recipes_are_refused_before_training(tmp_
     output_dir = tmp_path / "run"
 
     def args(index):
-        return _digits_args(output_dir, *(["--set", "data.global_batch_size=64"] if index == 1 else []))(index)
+        return _digits_args(
+            output_dir, *(["--set", "data.global_batch_size=64"] if index == 1 else [])
+        )(index)
 
     codes = start_workers(tmp_path, args)
     logs = [(tmp_path / f"worker{i}.log").read_text() for i in range(2)]
     assert codes == [2, 2], logs[0][-3000:]
     for log in logs:
-        assert "the workers of this cluster were started with different data" in log and "Traceback" not in log
+        assert (
+            "the workers of this cluster were started with different data" in log
+            and "Traceback" not in log
+        )
     assert not (output_dir / "checkpoints").exists()

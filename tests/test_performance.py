@@ -40,6 +40,8 @@ def test_auto_jit_compile(kind, replicas, expected):
 
 
 def test_forced_xla_over_mirrored_replicas_is_refused_with_the_fix():
-    with pytest.raises(ValueError, match="jit_compile: true does not work with mirrored strategies over 2 replicas"):
+    with pytest.raises(
+        ValueError, match="jit_compile: true does not work with mirrored strategies over 2 replicas"
+    ):
         choose_jit_compile(True, "mirrored", 2)
     assert choose_jit_compile(True, "default", 1).value is True

@@ -20,15 +20,24 @@ def test_the_plan_holds_every_decision_and_writes_nothing(tmp_path):
     out = tmp_path / "out"
     plan = tpukit.plan(recipe(**{"runtime.steps_per_execution": 11}), output_dir=str(out))
     assert (plan.strategy_kind, plan.replicas, plan.input_pipelines) == ("default", 1, 1)
-    assert (plan.global_batch_size, plan.per_replica_batch_size, plan.eval_global_batch_size) == (32, 32, 32)
+    assert (plan.global_batch_size, plan.per_replica_batch_size, plan.eval_global_batch_size) == (
+        32,
+        32,
+        32,
+    )
     assert (plan.train_examples, plan.eval_examples) == (1437, 360)
     assert (plan.steps_per_epoch, plan.total_steps) == (44, 88)
-    assert plan.steps_per_execution == 11 and plan.eval_steps == 22  # 12 eval steps, rounded up to whole executions
+    assert (
+        plan.steps_per_execution == 11 and plan.eval_steps == 22
+    )  # 12 eval steps, rounded up to whole executions
     assert (plan.precision, plan.jit_compile) == ("float32", False)
     assert plan.checkpoint_dir == str(out / "checkpoints") and plan.resume_step == 0
     assert not out.exists()
     text = plan.describe()
-    assert "global batch 32 = 1 replica(s) x 32 per replica" in text and "22 eval steps over 360 examples" in text
+    assert (
+        "global batch 32 = 1 replica(s) x 32 per replica" in text
+        and "22 eval steps over 360 examples" in text
+    )
     with pytest.raises(dataclasses.FrozenInstanceError):
         plan.replicas = 2
 
@@ -40,16 +49,36 @@ def test_the_plan_on_two_replicas_and_without_evaluation(tmp_path):
 
 
 def test_auto_steps_per_execution_stays_auto_in_the_plan_and_is_one_in_eval_mode(tmp_path):
-    assert tpukit.plan(recipe(**{"runtime.steps_per_execution": "auto"}), output_dir=str(tmp_path)).steps_per_execution == "auto"
+    assert (
+        tpukit.plan(
+            recipe(**{"runtime.steps_per_execution": "auto"}), output_dir=str(tmp_path)
+        ).steps_per_execution
+        == "auto"
+    )
 
 
 @pytest.mark.parametrize(
     "overrides,mode,strategy,message",
     [
-        ({"data.global_batch_size": 63}, "train_and_eval", 2, "data.global_batch_size=63 does not divide by the 2 replicas"),
+        (
+            {"data.global_batch_size": 63},
+            "train_and_eval",
+            2,
+            "data.global_batch_size=63 does not divide by the 2 replicas",
+        ),
         ({"data.global_batch_size": 4096}, "train_and_eval", None, "larger than the 1437 examples"),
-        ({"runtime.steps_per_execution": 3}, "train_and_eval", None, "steps_per_execution=3 does not divide steps_per_epoch=44"),
-        ({"train.export_best_by": "val_accuracy"}, "train", None, "is a validation metric, but mode 'train'"),
+        (
+            {"runtime.steps_per_execution": 3},
+            "train_and_eval",
+            None,
+            "steps_per_execution=3 does not divide steps_per_epoch=44",
+        ),
+        (
+            {"train.export_best_by": "val_accuracy"},
+            "train",
+            None,
+            "is a validation metric, but mode 'train'",
+        ),
         ({"data.eval_split": None}, "eval", None, "mode eval needs data.eval_split"),
         ({}, "eval", None, "mode eval: no checkpoint in"),
         ({}, "predict", None, "mode must be one of train_and_eval, train, eval"),
@@ -57,16 +86,24 @@ def test_auto_steps_per_execution_stays_auto_in_the_plan_and_is_one_in_eval_mode
 )
 def test_every_recipe_error_is_raised_by_the_plan(tmp_path, overrides, mode, strategy, message):
     with pytest.raises(RecipeError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        tpukit.plan(recipe(**overrides), strategy=mirrored(strategy) if strategy else None, mode=mode,
-                    output_dir=str(tmp_path / "out"))
+        tpukit.plan(
+            recipe(**overrides),
+            strategy=mirrored(strategy) if strategy else None,
+            mode=mode,
+            output_dir=str(tmp_path / "out"),
+        )
     assert not (tmp_path / "out").exists()
 
 
-def test_the_plan_reads_the_resume_step_and_refuses_a_steps_per_execution_that_cannot_resume(tmp_path, monkeypatch):
+def test_the_plan_reads_the_resume_step_and_refuses_a_steps_per_execution_that_cannot_resume(
+    tmp_path, monkeypatch
+):
     monkeypatch.setenv("TPUKIT_TEST_SIGTERM_AT_STEP", "5")
     assert tpukit.run(recipe(), str(tmp_path))["status"] == "preempted"
     assert tpukit.plan(recipe(), output_dir=str(tmp_path)).resume_step == 5
-    with pytest.raises(RecipeError, match="does not divide the 39 steps left in the epoch this run resumes at"):
+    with pytest.raises(
+        RecipeError, match="does not divide the 39 steps left in the epoch this run resumes at"
+    ):
         tpukit.plan(recipe(**{"runtime.steps_per_execution": 2}), output_dir=str(tmp_path))
 
 

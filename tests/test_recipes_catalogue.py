@@ -23,9 +23,16 @@ from tpukit import data
 from tpukit.data import text
 from tpukit.models import MODELS
 
-RECIPE_NAMES = sorted(os.path.basename(p)[: -len(".yaml")] for p in glob.glob(os.path.join(RECIPES, "*.yaml")))
+RECIPE_NAMES = sorted(
+    os.path.basename(p)[: -len(".yaml")] for p in glob.glob(os.path.join(RECIPES, "*.yaml"))
+)
 
-TINY_TRANSFORMER = ["model.num_layers=1", "model.hidden_dim=32", "model.num_heads=2", "model.mlp_dim=64"]
+TINY_TRANSFORMER = [
+    "model.num_layers=1",
+    "model.hidden_dim=32",
+    "model.num_heads=2",
+    "model.mlp_dim=64",
+]
 # Per recipe: overrides that keep two training steps fast (the data and model shapes stay consistent).
 SMALL = {
     "digits_cnn": [],
@@ -33,16 +40,32 @@ SMALL = {
     "cifar10_resnet": ["model.depth=8", "model.width=4"],
     "cifar10_vit": ["model.patch_size=8", *TINY_TRANSFORMER],
     "imdb_transformer": ["model.sequence_length=32", "data.sequence_length=32", *TINY_TRANSFORMER],
-    "tiny_shakespeare_char_lm": ["model.sequence_length=8", "data.sequence_length=8", *TINY_TRANSFORMER],
+    "tiny_shakespeare_char_lm": [
+        "model.sequence_length=8",
+        "data.sequence_length=8",
+        *TINY_TRANSFORMER,
+    ],
     "textfiles_char_lm": ["model.sequence_length=16", "data.sequence_length=16", *TINY_TRANSFORMER],
-    "imagenet_resnet50": ["model.input_shape=[32,32,3]", "data.image_size=[32,32]", "data.split_sizes=null"],
+    "imagenet_resnet50": [
+        "model.input_shape=[32,32,3]",
+        "data.image_size=[32,32]",
+        "data.split_sizes=null",
+    ],
     "synthetic_resnet50": [
-        "model.input_shape=[32,32,3]", "data.input_shape=[32,32,3]", "model.num_classes=10", "data.num_classes=10",
+        "model.input_shape=[32,32,3]",
+        "data.input_shape=[32,32,3]",
+        "model.num_classes=10",
+        "data.num_classes=10",
         "data.num_examples=16",
     ],
     "synthetic_transformer": [
-        "model.vocab_size=64", "data.num_classes=64", "model.sequence_length=16", "data.input_shape=[16]",
-        "data.label_shape=[16]", "data.num_examples=16", *TINY_TRANSFORMER,
+        "model.vocab_size=64",
+        "data.num_classes=64",
+        "model.sequence_length=16",
+        "data.input_shape=[16]",
+        "data.label_shape=[16]",
+        "data.num_examples=16",
+        *TINY_TRANSFORMER,
     ],
 }
 NUM_IMAGE_CLASSES = 10
@@ -57,7 +80,9 @@ def test_every_recipe_has_small_overrides_and_a_documenting_header():
         with open(os.path.join(RECIPES, f"{name}.yaml"), encoding="utf-8") as f:
             header = f.read().split("\nmodel:")[0]
         assert header.startswith(f"# {name}: "), name
-        assert "python -m tpukit.train" in header and "smoke test:" in header and "Measured" in header, name
+        assert (
+            "python -m tpukit.train" in header and "smoke test:" in header and "Measured" in header
+        ), name
 
 
 def _write_jpeg_records(path, labels, seed):
@@ -66,12 +91,18 @@ def _write_jpeg_records(path, labels, seed):
     with tf.io.TFRecordWriter(str(path)) as writer:
         for label in labels:
             height, width = rng.integers(24, 48, size=2)
-            jpeg = tf.io.encode_jpeg(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).numpy()
+            jpeg = tf.io.encode_jpeg(
+                rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
+            ).numpy()
             feature = {
                 "image/encoded": tf.train.Feature(bytes_list=tf.train.BytesList(value=[jpeg])),
-                "image/class/label": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(label)])),
+                "image/class/label": tf.train.Feature(
+                    int64_list=tf.train.Int64List(value=[int(label)])
+                ),
             }
-            writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+            writer.write(
+                tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+            )
 
 
 @pytest.fixture(scope="module")
@@ -79,14 +110,19 @@ def local_data(tmp_path_factory):
     """Overrides that point the recipes reading files at small local copies."""
     root = tmp_path_factory.mktemp("recipe_data")
     for i in range(2):
-        _write_jpeg_records(root / f"train-0000{i}-of-00002", np.arange(1, NUM_IMAGE_CLASSES + 1), seed=i)
+        _write_jpeg_records(
+            root / f"train-0000{i}-of-00002", np.arange(1, NUM_IMAGE_CLASSES + 1), seed=i
+        )
     _write_jpeg_records(root / "validation-00000-of-00001", np.arange(1, 7), seed=2)
     corpus = root / "corpus"
     corpus.mkdir()
     for i in range(3):
         (corpus / f"part{i}.txt").write_text(f"def f{i}(x):\n    return x + {i}\n" * 40)
     return {
-        "imagenet_resnet50": [f"data.file_pattern={root}/{{split}}-*", f"model.num_classes={NUM_IMAGE_CLASSES}"],
+        "imagenet_resnet50": [
+            f"data.file_pattern={root}/{{split}}-*",
+            f"model.num_classes={NUM_IMAGE_CLASSES}",
+        ],
         "textfiles_char_lm": [f"data.file_pattern={corpus}/*.txt"],
     }
 
@@ -118,12 +154,16 @@ def test_model_matches_the_pipeline_at_full_size(name, local_data, mock_tfds):
     assert tuple(model.output_shape[1:-1]) == tuple(labels.shape), name
     assert labels.dtype == tf.int32, name
     _, label_batch = next(iter(examples.batch(8)))
-    assert 0 <= int(tf.reduce_min(label_batch)) and int(tf.reduce_max(label_batch)) < model.output_shape[-1], name
+    assert (
+        0 <= int(tf.reduce_min(label_batch))
+        and int(tf.reduce_max(label_batch)) < model.output_shape[-1]
+    ), name
 
 
 @pytest.mark.parametrize("replicas", [1, 2], ids=["default", "mirrored2"])
 @pytest.mark.parametrize(
-    "name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_TO_TRAIN else n for n in RECIPE_NAMES]
+    "name",
+    [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_TO_TRAIN else n for n in RECIPE_NAMES],
 )
 def test_trains_two_steps(name, replicas, local_data, mock_tfds, tmp_path):
     overrides = [
@@ -148,15 +188,24 @@ def test_trains_two_steps(name, replicas, local_data, mock_tfds, tmp_path):
 
 def test_language_model_recipes_evaluate(local_data, tmp_path):
     recipe = _load(
-        "textfiles_char_lm", "train.epochs=1", "train.steps_per_epoch=1", "data.global_batch_size=4",
-        "runtime.verbose=0", *SMALL["textfiles_char_lm"], *local_data["textfiles_char_lm"],
+        "textfiles_char_lm",
+        "train.epochs=1",
+        "train.steps_per_epoch=1",
+        "data.global_batch_size=4",
+        "runtime.verbose=0",
+        *SMALL["textfiles_char_lm"],
+        *local_data["textfiles_char_lm"],
     )
     metrics = tpukit.run(recipe, str(tmp_path), strategy=tf.distribute.get_strategy())
     assert np.isfinite(metrics["eval"]["loss"])
 
 
 def test_digits_cnn_reaches_97_percent_with_the_default_command(tmp_path):
-    metrics = tpukit.run(_load("digits_cnn", "runtime.verbose=0"), str(tmp_path), strategy=tf.distribute.get_strategy())
+    metrics = tpukit.run(
+        _load("digits_cnn", "runtime.verbose=0"),
+        str(tmp_path),
+        strategy=tf.distribute.get_strategy(),
+    )
     assert metrics["eval_examples"] == 360
     assert metrics["eval"]["accuracy"] >= 0.97
 
@@ -178,8 +227,12 @@ def test_textfiles_char_lm_beats_the_unigram_baseline(tmp_path):
     baseline = unigram_entropy_nats(train_labels)
     model = keras.saving.load_model(tmp_path / "model.keras")
     model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    held_out = model.evaluate(data.text_files("test", **options).batch(64), verbose=0, return_dict=True)["loss"]
-    print(f"textfiles_char_lm: held-out loss {held_out:.4f} nats, unigram entropy {baseline:.4f} nats")
+    held_out = model.evaluate(
+        data.text_files("test", **options).batch(64), verbose=0, return_dict=True
+    )["loss"]
+    print(
+        f"textfiles_char_lm: held-out loss {held_out:.4f} nats, unigram entropy {baseline:.4f} nats"
+    )
     assert 2.5 < baseline < 4.0  # source code: ~3.1 nats per byte
     assert held_out < baseline - 0.5, (held_out, baseline)
     # run()'s own evaluation (per-token weights, padding excluded) agrees with a plain Keras evaluation.

@@ -25,8 +25,13 @@ from tpukit.runner import run
 
 
 def recipe(**overrides):
-    base = {"train.epochs": 1, "data.global_batch_size": 32, "train.warmup_steps": 5, "runtime.verbose": 0,
-            "data.deterministic": True}
+    base = {
+        "train.epochs": 1,
+        "data.global_batch_size": 32,
+        "train.warmup_steps": 5,
+        "runtime.verbose": 0,
+        "data.deterministic": True,
+    }
     return from_dict(digits_recipe(**{**base, **overrides}), "digits_cnn.yaml")
 
 
@@ -35,7 +40,11 @@ def exported_counts(output_dir):
     from tpukit.data.sources import _digits_split
 
     x, y = _digits_split("test", 0.2)
-    logits = keras.saving.load_model(os.path.join(output_dir, "model.keras")).predict(x, verbose=0).astype(np.float64)
+    logits = (
+        keras.saving.load_model(os.path.join(output_dir, "model.keras"))
+        .predict(x, verbose=0)
+        .astype(np.float64)
+    )
     shifted = logits - logits.max(1, keepdims=True)
     log_probs = shifted - np.log(np.exp(shifted).sum(1, keepdims=True))
     return int((logits.argmax(1) == y).sum()), float(-log_probs[np.arange(len(y)), y].mean())
@@ -54,19 +63,27 @@ def test_eval_is_exact_when_eval_steps_do_not_divide_by_steps_per_execution(tmp_
     correct, cross_entropy = exported_counts(str(tmp_path))
     assert metrics["eval"]["accuracy"] * 360 == pytest.approx(correct, abs=1e-3)
     assert metrics["eval"]["cross_entropy"] == pytest.approx(cross_entropy, abs=1e-4)
-    assert metrics["validation"]["val_accuracy"] == pytest.approx(metrics["eval"]["accuracy"], abs=1e-6)
+    assert metrics["validation"]["val_accuracy"] == pytest.approx(
+        metrics["eval"]["accuracy"], abs=1e-6
+    )
 
 
 def test_padded_eval_steps_are_whole_executions_and_the_padding_weighs_nothing():
     assert data.padded_eval_steps(360, 32, 1, 11) == 22
     assert data.padded_eval_steps(360, 32, 1, 1) == 12
     ids = np.arange(10, dtype=np.int32)
-    batches = data.eval_batches(tf.data.Dataset.from_tensor_slices((ids[:, None].astype("float32"), ids)), 10, 4,
-                                steps=5)
+    batches = data.eval_batches(
+        tf.data.Dataset.from_tensor_slices((ids[:, None].astype("float32"), ids)), 10, 4, steps=5
+    )
     weights = [w.numpy() for _, _, w in batches]
     assert len(weights) == 5 and sum(w.sum() for w in weights) == 10
     with pytest.raises(ValueError, match="steps=2 is fewer than the 3 eval steps"):
-        data.eval_batches(tf.data.Dataset.from_tensor_slices((ids[:, None].astype("float32"), ids)), 10, 4, steps=2)
+        data.eval_batches(
+            tf.data.Dataset.from_tensor_slices((ids[:, None].astype("float32"), ids)),
+            10,
+            4,
+            steps=2,
+        )
 
 
 # ---- resume order -------------------------------------------------------------------------------------------------
@@ -86,21 +103,39 @@ def _examples(n, counter=None):
 
 def test_every_epoch_has_its_own_order_and_a_resume_continues_it_exactly():
     def stream(skip):
-        return data.training_batches(_examples(40), 8, shuffle_buffer=40, seed=3, cache=False, deterministic=True,
-                                     steps_per_epoch=5, skip_steps=skip)
+        return data.training_batches(
+            _examples(40),
+            8,
+            shuffle_buffer=40,
+            seed=3,
+            cache=False,
+            deterministic=True,
+            steps_per_epoch=5,
+            skip_steps=skip,
+        )
 
     whole = _labels(stream(0), 20)  # 4 epochs of 5 steps
-    epochs = [sorted(sum(whole[e * 5:(e + 1) * 5], [])) for e in range(4)]
+    epochs = [sorted(sum(whole[e * 5 : (e + 1) * 5], [])) for e in range(4)]
     assert all(e == list(range(40)) for e in epochs)  # each epoch is one pass
-    assert len({tuple(sum(whole[e * 5:(e + 1) * 5], [])) for e in range(4)}) == 4  # four different orders
+    assert (
+        len({tuple(sum(whole[e * 5 : (e + 1) * 5], [])) for e in range(4)}) == 4
+    )  # four different orders
     for skip in (3, 5, 12, 17):  # mid-epoch and epoch boundaries, in later epochs too
         assert _labels(stream(skip), 20 - skip) == whole[skip:], skip
 
 
 def test_a_resume_reads_only_the_batches_already_trained_in_its_epoch():
     counter = tf.Variable(0, dtype=tf.int64)
-    resumed = data.training_batches(_examples(40, counter), 8, shuffle_buffer=1, cache=False, deterministic=True,
-                                    steps_per_epoch=5, skip_steps=3 * 5 + 2, prefetch_batches=0)
+    resumed = data.training_batches(
+        _examples(40, counter),
+        8,
+        shuffle_buffer=1,
+        cache=False,
+        deterministic=True,
+        steps_per_epoch=5,
+        skip_steps=3 * 5 + 2,
+        prefetch_batches=0,
+    )
     next(iter(resumed))
     # Epochs 0-2 are not read at all; in epoch 3, the 2 skipped batches and the first one taken (3 x 8), plus at most
     # one batch that tf.data reads ahead. Replaying from step 0 would read 18 batches (144 examples).
@@ -127,8 +162,10 @@ def test_sigterm_resume_without_deterministic_data_keeps_every_epochs_order(tmp_
 
 def _tiny_model():
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2)])
-    model.compile(optimizer=keras.optimizers.SGD(0.01),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.compile(
+        optimizer=keras.optimizers.SGD(0.01),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
     return model
 
 
@@ -147,8 +184,15 @@ def test_two_bad_batches_in_one_checkpoint_interval_are_both_skipped(tmp_path):
         return batches.skip(position)
 
     outcome = trainer.fit_with_recovery(
-        model, make_dataset, checkpointer=checkpointer, steps_per_epoch=20, epochs=2, callbacks=[],
-        checkpoint_every_steps=10, max_nan_retries=2, verbose=0,
+        model,
+        make_dataset,
+        checkpointer=checkpointer,
+        steps_per_epoch=20,
+        epochs=2,
+        callbacks=[],
+        checkpoint_every_steps=10,
+        max_nan_retries=2,
+        verbose=0,
     )
     assert outcome.status == "done" and outcome.nan_rollbacks == 2
     # step 10 at data 16 hits row 18 at step 13: skip 3 more (6 + 3 = 9), step 10 resumes at data 19
@@ -170,11 +214,20 @@ def test_a_nan_caused_by_a_batch_is_skipped_after_the_rollback(tmp_path):
         return batches.skip(position)
 
     outcome = trainer.fit_with_recovery(
-        model, make_dataset, checkpointer=checkpointer, steps_per_epoch=20, epochs=2, callbacks=[],
-        checkpoint_every_steps=10, max_nan_retries=1, verbose=0,
+        model,
+        make_dataset,
+        checkpointer=checkpointer,
+        steps_per_epoch=20,
+        epochs=2,
+        callbacks=[],
+        checkpoint_every_steps=10,
+        max_nan_retries=1,
+        verbose=0,
     )
     assert outcome.status == "done" and outcome.nan_rollbacks == 1
-    assert outcome.skipped_steps == 6  # steps 10..15: from the checkpoint to the batch that diverged
+    assert (
+        outcome.skipped_steps == 6
+    )  # steps 10..15: from the checkpoint to the batch that diverged
     # The retry starts after the bad batch, at step 10; the next epoch's segment continues 6 batches ahead.
     assert positions == [0, 16, 26]
     assert checkpointer.step == 40 and checkpointer.data_position == 46
@@ -200,10 +253,16 @@ class PoisonWeights(keras.callbacks.Callback):
 
 
 def test_weights_that_are_not_finite_are_never_checkpointed(tmp_path):
-    poison = PoisonWeights(at=10)  # a checkpoint step: the save sees NaN weights after a finite loss
-    metrics = run(recipe(**{"runtime.checkpoint_every_steps": 5}), str(tmp_path), callbacks=[poison])
+    poison = PoisonWeights(
+        at=10
+    )  # a checkpoint step: the save sees NaN weights after a finite loss
+    metrics = run(
+        recipe(**{"runtime.checkpoint_every_steps": 5}), str(tmp_path), callbacks=[poison]
+    )
     assert poison.fired == 1 and metrics["nan_rollbacks"] == 1 and metrics["status"] == "done"
-    assert metrics["nan_skipped_examples"] == 5 * 32  # steps 5..9 of data, after the rollback to step 5
+    assert (
+        metrics["nan_skipped_examples"] == 5 * 32
+    )  # steps 5..9 of data, after the rollback to step 5
     for index in glob.glob(str(tmp_path / "checkpoints" / "ckpt-*.index")):
         reader = tf.train.load_checkpoint(index[: -len(".index")])
         for name, dtype in reader.get_variable_to_dtype_map().items():
@@ -213,12 +272,19 @@ def test_weights_that_are_not_finite_are_never_checkpointed(tmp_path):
 
 # ---- early stopping and best.keras across restarts ----------------------------------------------------------------
 
-EARLY = {"train.epochs": 6, "train.learning_rate": 0.0, "train.warmup_steps": 0, "train.early_stopping_patience": 1,
-         "train.export_best_by": "val_accuracy"}
+EARLY = {
+    "train.epochs": 6,
+    "train.learning_rate": 0.0,
+    "train.warmup_steps": 0,
+    "train.early_stopping_patience": 1,
+    "train.export_best_by": "val_accuracy",
+}
 
 
 @pytest.mark.parametrize("checkpoint_every_steps", [None, 22])
-def test_early_stopping_survives_a_restart_and_a_stopped_run_stays_stopped(tmp_path, monkeypatch, checkpoint_every_steps):
+def test_early_stopping_survives_a_restart_and_a_stopped_run_stays_stopped(
+    tmp_path, monkeypatch, checkpoint_every_steps
+):
     # lr 0: val_loss never improves, so patience 1 stops at the end of epoch 2 (step 88) in an uninterrupted run.
     # With checkpoints every 22 steps, a periodic save lands on each epoch's last step, before early stopping's
     # epoch-end state exists: the epoch-end save must write that step again.
@@ -228,23 +294,35 @@ def test_early_stopping_survives_a_restart_and_a_stopped_run_stays_stopped(tmp_p
         return recipe(**overrides, **more)
 
     assert run(recipe_(), str(tmp_path / "whole"))["step"] == 88
-    monkeypatch.setenv("TPUKIT_TEST_SIGTERM_AT_STEP", "50")  # in epoch 2, after epoch 1 set the best value
+    monkeypatch.setenv(
+        "TPUKIT_TEST_SIGTERM_AT_STEP", "50"
+    )  # in epoch 2, after epoch 1 set the best value
     assert run(recipe_(), str(tmp_path / "cut"))["status"] == "preempted"
     monkeypatch.delenv("TPUKIT_TEST_SIGTERM_AT_STEP")
     best = tmp_path / "cut" / "best.keras"
     written = best.stat().st_mtime_ns
     resumed = run(recipe_(), str(tmp_path / "cut"))
-    assert resumed["status"] == "early_stopped" and resumed["step"] == 88  # patience did not restart
-    assert best.stat().st_mtime_ns == written  # an equal val_accuracy after the restart is not "better"
+    assert (
+        resumed["status"] == "early_stopped" and resumed["step"] == 88
+    )  # patience did not restart
+    assert (
+        best.stat().st_mtime_ns == written
+    )  # an equal val_accuracy after the restart is not "better"
     again = run(recipe_(), str(tmp_path / "cut"))  # the same command once more
-    assert again["status"] == "early_stopped" and again["step"] == 88 and again["resumed_from_step"] == 88
+    assert (
+        again["status"] == "early_stopped"
+        and again["step"] == 88
+        and again["resumed_from_step"] == 88
+    )
 
 
 # ---- damaged checkpoints ------------------------------------------------------------------------------------------
 
 
 def _train_with_checkpoints(output_dir):
-    return run(recipe(**{"runtime.checkpoint_every_steps": 10}), output_dir)  # keeps ckpt-30, -40, -44
+    return run(
+        recipe(**{"runtime.checkpoint_every_steps": 10}), output_dir
+    )  # keeps ckpt-30, -40, -44
 
 
 def _truncate(path, size):
@@ -268,13 +346,20 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, da
         with open(os.path.join(output_dir, "checkpoints", "checkpoint"), "wb") as f:
             f.write(b"\x00\xff garbage")
     with caplog.at_level(logging.WARNING, logger="tpukit"):
-        metrics = run(recipe(**{"train.epochs": 2, "runtime.checkpoint_every_steps": 10}), output_dir)
+        metrics = run(
+            recipe(**{"train.epochs": 2, "runtime.checkpoint_every_steps": 10}), output_dir
+        )
     expected = 44 if damage == "state_file" else 40
     assert metrics["resumed_from_step"] == expected and metrics["step"] == 88
     if damage == "state_file":
-        assert "moved it to" in caplog.text and os.path.isfile(os.path.join(output_dir, "checkpoints", "checkpoint.damaged"))
+        assert "moved it to" in caplog.text and os.path.isfile(
+            os.path.join(output_dir, "checkpoints", "checkpoint.damaged")
+        )
     else:
-        assert f"resumed from {os.path.join(output_dir, 'checkpoints', 'ckpt-40')} (step 40)" in caplog.text
+        assert (
+            f"resumed from {os.path.join(output_dir, 'checkpoints', 'ckpt-40')} (step 40)"
+            in caplog.text
+        )
 
 
 def test_when_no_checkpoint_can_be_read_the_run_stops_and_deletes_nothing(tmp_path):
@@ -293,7 +378,9 @@ def test_when_no_checkpoint_can_be_read_the_run_stops_and_deletes_nothing(tmp_pa
 # ---- cheap checks before slow work ------------------------------------------------------------------------------
 
 
-def test_a_bad_checkpoint_path_and_a_missing_checkpoint_are_refused_before_any_model_is_built(tmp_path, monkeypatch):
+def test_a_bad_checkpoint_path_and_a_missing_checkpoint_are_refused_before_any_model_is_built(
+    tmp_path, monkeypatch
+):
     import functools
 
     from tpukit import models
@@ -329,9 +416,19 @@ def test_sigkills_at_random_moments_resume_to_the_uninterrupted_weights(tmp_path
 
     from helpers import REPO
 
-    args = ["recipes/digits_cnn.yaml", "--set", "train.epochs=3", "--set", "data.global_batch_size=32",
-            "--set", "data.deterministic=true", "--set", "runtime.checkpoint_every_steps=3",
-            "--set", "runtime.max_checkpoints_to_keep=2"]
+    args = [
+        "recipes/digits_cnn.yaml",
+        "--set",
+        "train.epochs=3",
+        "--set",
+        "data.global_batch_size=32",
+        "--set",
+        "data.deterministic=true",
+        "--set",
+        "runtime.checkpoint_every_steps=3",
+        "--set",
+        "runtime.max_checkpoints_to_keep=2",
+    ]
     whole = str(tmp_path / "whole")
     assert run_cli(*args, "--output_dir", whole).returncode == 0
     cut = str(tmp_path / "cut")
@@ -343,8 +440,13 @@ def test_sigkills_at_random_moments_resume_to_the_uninterrupted_weights(tmp_path
         # training or inside a save.
         delay = rng.uniform(5.0, 12.0)
         moments.append(round(delay, 2))
-        process = subprocess.Popen([sys.executable, "-m", "tpukit.train", *args, "--output_dir", cut], cwd=REPO,
-                                   env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tpukit.train", *args, "--output_dir", cut],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         time.sleep(delay)
         process.kill()
         process.wait()

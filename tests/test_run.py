@@ -11,7 +11,12 @@ from tpukit.runner import run
 
 
 def recipe(**overrides):
-    base = {"train.epochs": 1, "data.global_batch_size": 32, "train.warmup_steps": 5, "runtime.verbose": 0}
+    base = {
+        "train.epochs": 1,
+        "data.global_batch_size": 32,
+        "train.warmup_steps": 5,
+        "runtime.verbose": 0,
+    }
     return from_dict(digits_recipe(**{**base, **overrides}), "digits_cnn.yaml")
 
 
@@ -40,9 +45,17 @@ def test_two_replicas_on_two_virtual_cpus(tmp_path):
 
     x, y = _digits_split("test", 0.2)
     logits = keras.saving.load_model(str(tmp_path / "model.keras")).predict(x, verbose=0)
-    log_probs = logits - np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1, keepdims=True)) - logits.max(1, keepdims=True)
-    assert metrics["eval"]["accuracy"] == pytest.approx(float(np.mean(logits.argmax(1) == y)), abs=1e-6)
-    assert metrics["eval"]["cross_entropy"] == pytest.approx(float(-log_probs[np.arange(len(y)), y].mean()), abs=1e-4)
+    log_probs = (
+        logits
+        - np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1, keepdims=True))
+        - logits.max(1, keepdims=True)
+    )
+    assert metrics["eval"]["accuracy"] == pytest.approx(
+        float(np.mean(logits.argmax(1) == y)), abs=1e-6
+    )
+    assert metrics["eval"]["cross_entropy"] == pytest.approx(
+        float(-log_probs[np.arange(len(y)), y].mean()), abs=1e-4
+    )
 
 
 def test_global_batch_that_does_not_divide_by_replicas_shows_both_numbers(tmp_path):
@@ -62,8 +75,15 @@ def test_steps_per_execution_on_two_replicas_matches_the_step_count_and_checkpoi
     )
     assert metrics["step"] == 44 and metrics["replicas"] == 2
     assert metrics["eval"]["accuracy"] > 0.5
-    saved = sorted(int(p.split("-")[-1].split(".")[0]) for p in glob.glob(str(tmp_path / "checkpoints" / "ckpt-*.index")))
-    assert saved == [20, 40, 44]  # every 20 steps at execution boundaries (multiples of 4), and the epoch end
+    saved = sorted(
+        int(p.split("-")[-1].split(".")[0])
+        for p in glob.glob(str(tmp_path / "checkpoints" / "ckpt-*.index"))
+    )
+    assert saved == [
+        20,
+        40,
+        44,
+    ]  # every 20 steps at execution boundaries (multiples of 4), and the epoch end
 
 
 def test_steps_per_execution_that_does_not_divide_the_epoch_lists_the_divisors(tmp_path):
@@ -78,7 +98,9 @@ def test_auto_steps_per_execution_picks_a_divisor_of_the_epoch_from_a_probe(tmp_
     chosen = metrics["steps_per_execution"]
     assert isinstance(chosen, int) and 44 % chosen == 0
     assert chosen > 1  # a digits step takes milliseconds here: several fit in the 0.5 s target
-    assert metrics["step"] == 44 and metrics["resumed_from_step"] == 0  # the probe trained a throwaway copy
+    assert (
+        metrics["step"] == 44 and metrics["resumed_from_step"] == 0
+    )  # the probe trained a throwaway copy
 
 
 def test_the_whole_run_with_an_xla_compiled_train_step(tmp_path):

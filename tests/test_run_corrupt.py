@@ -16,10 +16,23 @@ def _recipe(tmp_path, skip_corrupt):
     _write(root / "train-1", range(32, 64), garbage=(40, 41))
     _write(root / "test-0", range(16), garbage=(3,))
     recipe = {
-        "model": {"name": "small_cnn", "input_shape": [8, 8, 3], "num_classes": 64, "filters": [4], "dense_units": 8},
-        "data": {"source": "tfrecord_images", "file_pattern": str(root / "{split}-*"), "image_size": [8, 8],
-                 "normalize": "unit", "augment": "none", "global_batch_size": 8, "eval_split": "test",
-                 "skip_corrupt": skip_corrupt},
+        "model": {
+            "name": "small_cnn",
+            "input_shape": [8, 8, 3],
+            "num_classes": 64,
+            "filters": [4],
+            "dense_units": 8,
+        },
+        "data": {
+            "source": "tfrecord_images",
+            "file_pattern": str(root / "{split}-*"),
+            "image_size": [8, 8],
+            "normalize": "unit",
+            "augment": "none",
+            "global_batch_size": 8,
+            "eval_split": "test",
+            "skip_corrupt": skip_corrupt,
+        },
         "train": {"epochs": 1, "learning_rate": 0.01},
         "runtime": {"verbose": 0},
     }
@@ -32,7 +45,11 @@ def test_a_corrupt_image_stops_the_run_with_its_file_and_record(tmp_path):
     result = run_cli(_recipe(tmp_path, False), "--output_dir", str(tmp_path / "out"))
     assert result.returncode == 2, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
-    assert "train-1" in result.stderr and "record 8" in result.stderr and "skip_corrupt" in result.stderr
+    assert (
+        "train-1" in result.stderr
+        and "record 8" in result.stderr
+        and "skip_corrupt" in result.stderr
+    )
 
 
 def test_skip_corrupt_skips_counts_and_reports(tmp_path):

@@ -34,14 +34,23 @@ def weights(output_dir):
 
 # ---- preemption ------------------------------------------------------------------------------------------------
 
-SIGTERM_ARGS = ["--set", "train.epochs=2", "--set", "data.global_batch_size=32", "--set", "data.deterministic=true"]
+SIGTERM_ARGS = [
+    "--set",
+    "train.epochs=2",
+    "--set",
+    "data.global_batch_size=32",
+    "--set",
+    "data.deterministic=true",
+]
 
 
 def test_sigterm_mid_epoch_saves_and_the_rerun_matches_an_uninterrupted_run(tmp_path):
     whole, interrupted = str(tmp_path / "whole"), str(tmp_path / "interrupted")
     assert run_cli("recipes/digits_cnn.yaml", "--output_dir", whole, *SIGTERM_ARGS).returncode == 0
 
-    env = dict(os.environ, TPUKIT_TEST_SIGTERM_AT_STEP="30")  # a real SIGTERM, sent at step 30 of 88
+    env = dict(
+        os.environ, TPUKIT_TEST_SIGTERM_AT_STEP="30"
+    )  # a real SIGTERM, sent at step 30 of 88
     first = run_cli("recipes/digits_cnn.yaml", "--output_dir", interrupted, *SIGTERM_ARGS, env=env)
     assert first.returncode == 143, first.stderr[-2000:]
     assert "stopped by SIGTERM at step 30" in first.stdout and "Traceback" not in first.stderr
@@ -50,7 +59,9 @@ def test_sigterm_mid_epoch_saves_and_the_rerun_matches_an_uninterrupted_run(tmp_
         assert json.load(f)["status"] == "preempted"
     assert tf.train.latest_checkpoint(os.path.join(interrupted, "checkpoints")).endswith("ckpt-30")
 
-    second = run_cli("recipes/digits_cnn.yaml", "--output_dir", interrupted, *SIGTERM_ARGS)  # the same command
+    second = run_cli(
+        "recipes/digits_cnn.yaml", "--output_dir", interrupted, *SIGTERM_ARGS
+    )  # the same command
     assert second.returncode == 0, second.stderr[-2000:]
     assert "resuming mid-epoch at step 30: 14 steps left in epoch 1" in second.stderr
     with open(os.path.join(interrupted, "metrics.json")) as f:
@@ -80,7 +91,9 @@ class PoisonWeights(keras.callbacks.Callback):
 
 def test_a_nan_is_rolled_back_to_the_last_checkpoint_and_training_finishes(tmp_path):
     poison = PoisonWeights(at=15)
-    metrics = run(recipe(**{"runtime.checkpoint_every_steps": 10}), str(tmp_path), callbacks=[poison])
+    metrics = run(
+        recipe(**{"runtime.checkpoint_every_steps": 10}), str(tmp_path), callbacks=[poison]
+    )
     assert poison.fired == 1
     assert metrics["nan_rollbacks"] == 1
     assert metrics["status"] == "done" and metrics["step"] == 88
@@ -91,9 +104,16 @@ def test_a_nan_is_rolled_back_to_the_last_checkpoint_and_training_finishes(tmp_p
 def test_a_nan_that_keeps_coming_back_stops_with_a_clear_message(tmp_path):
     poison = PoisonWeights(at=15, once=False)
     with pytest.raises(TrainingDivergedError) as info:
-        run(recipe(**{"runtime.checkpoint_every_steps": 10, "train.max_nan_retries": 2}), str(tmp_path), callbacks=[poison])
+        run(
+            recipe(**{"runtime.checkpoint_every_steps": 10, "train.max_nan_retries": 2}),
+            str(tmp_path),
+            callbacks=[poison],
+        )
     assert poison.fired == 3  # the first time and two retries
-    assert "the loss became non-finite at step 16 after 2 rollback(s) (train.max_nan_retries=2)" in str(info.value)
+    assert (
+        "the loss became non-finite at step 16 after 2 rollback(s) (train.max_nan_retries=2)"
+        in str(info.value)
+    )
     assert "Fix: lower train.learning_rate" in str(info.value)
 
 
@@ -112,11 +132,23 @@ def scalar_tags(directory):
 def test_tensorboard_has_metrics_learning_rate_and_throughput_at_optimizer_steps(tmp_path):
     run(recipe(), str(tmp_path))
     train = scalar_tags(os.path.join(tmp_path, "logs", "train"))
-    for tag in ("epoch_loss", "epoch_accuracy", "learning_rate", "examples_per_second", "steps_per_second"):
+    for tag in (
+        "epoch_loss",
+        "epoch_accuracy",
+        "learning_rate",
+        "examples_per_second",
+        "steps_per_second",
+    ):
         assert tag in train, sorted(train)
     assert sorted(train["learning_rate"]) == [44, 88]
-    assert sorted(train["epoch_loss"]) == [44, 88]  # Keras' scalars at the same optimizer steps as tpukit's
-    assert sorted(scalar_tags(os.path.join(tmp_path, "logs", "validation"))["epoch_loss"]) == [44, 88]
+    assert sorted(train["epoch_loss"]) == [
+        44,
+        88,
+    ]  # Keras' scalars at the same optimizer steps as tpukit's
+    assert sorted(scalar_tags(os.path.join(tmp_path, "logs", "validation"))["epoch_loss"]) == [
+        44,
+        88,
+    ]
 
 
 def test_eval_mode_evaluates_the_saved_checkpoint_exactly(tmp_path):
@@ -130,13 +162,15 @@ def test_eval_mode_evaluates_the_saved_checkpoint_exactly(tmp_path):
 def test_early_stopping_and_best_model_export(tmp_path):
     # A zero learning rate never improves val_loss, so patience 0 stops after the second epoch of five.
     metrics = run(
-        recipe(**{
-            "train.epochs": 5,
-            "train.learning_rate": 0.0,
-            "train.warmup_steps": 0,
-            "train.early_stopping_patience": 0,
-            "train.export_best_by": "val_accuracy",
-        }),
+        recipe(
+            **{
+                "train.epochs": 5,
+                "train.learning_rate": 0.0,
+                "train.warmup_steps": 0,
+                "train.early_stopping_patience": 0,
+                "train.export_best_by": "val_accuracy",
+            }
+        ),
         str(tmp_path),
     )
     assert metrics["status"] == "early_stopped"
@@ -146,15 +180,21 @@ def test_early_stopping_and_best_model_export(tmp_path):
 
 def test_profile_steps_records_a_profiler_trace(tmp_path):
     run(recipe(**{"train.epochs": 1, "runtime.profile_steps": [3, 5]}), str(tmp_path))
-    traces = tf.io.gfile.glob(os.path.join(tmp_path, "logs", "train", "plugins", "profile", "*", "*.xplane.pb"))
+    traces = tf.io.gfile.glob(
+        os.path.join(tmp_path, "logs", "train", "plugins", "profile", "*", "*.xplane.pb")
+    )
     assert len(traces) == 1
 
 
-def test_resuming_mid_epoch_with_a_steps_per_execution_that_does_not_fit_is_refused(tmp_path, monkeypatch):
+def test_resuming_mid_epoch_with_a_steps_per_execution_that_does_not_fit_is_refused(
+    tmp_path, monkeypatch
+):
     monkeypatch.setenv("TPUKIT_TEST_SIGTERM_AT_STEP", "5")
     assert run(recipe(), str(tmp_path))["status"] == "preempted"
     monkeypatch.delenv("TPUKIT_TEST_SIGTERM_AT_STEP")
     with pytest.raises(RecipeError) as info:
         run(recipe(**{"runtime.steps_per_execution": 2}), str(tmp_path))
-    assert "does not divide the 39 steps left in the epoch this run resumes at (step 5)" in str(info.value)
+    assert "does not divide the 39 steps left in the epoch this run resumes at (step 5)" in str(
+        info.value
+    )
     assert "one of 1." in str(info.value)

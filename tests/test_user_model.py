@@ -13,14 +13,14 @@ from tpukit.recipe import RecipeError, from_dict
 
 PACKAGE = {
     "__init__.py": "",
-    "models.py": textwrap.dedent('''
+    "models.py": textwrap.dedent("""
         import keras
 
         def build_model(hidden: int = 16, num_classes: int = 2) -> keras.Model:
             return keras.Sequential([keras.Input((4,)), keras.layers.Dense(hidden, activation="relu"),
                                      keras.layers.Dense(num_classes)])
-    '''),
-    "data.py": textwrap.dedent('''
+    """),
+    "data.py": textwrap.dedent("""
         import numpy as np
         import tensorflow as tf
         from tpukit.data import shard
@@ -29,7 +29,7 @@ PACKAGE = {
             x = np.random.RandomState(0 if split == "train" else 1).randn(size, 4).astype("float32")
             y = (x.sum(1) > 0).astype("int32")
             return shard(tf.data.Dataset.from_tensor_slices((x, y)), input_context)
-    '''),
+    """),
 }
 
 
@@ -44,21 +44,33 @@ def user_package(tmp_path, monkeypatch):
 
 
 def user_recipe(**train):
-    return from_dict({
-        "model": {"name": "my_pkg.models:build_model", "hidden": 8},
-        "data": {"source": "my_pkg.data:my_source", "global_batch_size": 32, "size": 256, "eval_split": "test"},
-        "train": {"epochs": 2, "learning_rate": 0.01, **train},
-        "runtime": {"verbose": 0},
-    }, "user.yaml")
+    return from_dict(
+        {
+            "model": {"name": "my_pkg.models:build_model", "hidden": 8},
+            "data": {
+                "source": "my_pkg.data:my_source",
+                "global_batch_size": 32,
+                "size": 256,
+                "eval_split": "test",
+            },
+            "train": {"epochs": 2, "learning_rate": 0.01, **train},
+            "runtime": {"verbose": 0},
+        },
+        "user.yaml",
+    )
 
 
 @pytest.mark.parametrize("replicas", [1, 2])
-def test_a_user_model_and_source_by_module_path_train_and_resume_after_sigterm(tmp_path, user_package, monkeypatch, replicas):
+def test_a_user_model_and_source_by_module_path_train_and_resume_after_sigterm(
+    tmp_path, user_package, monkeypatch, replicas
+):
     strategy = mirrored(2) if replicas == 2 else None
     whole = tpukit.run(user_recipe(), str(tmp_path / "whole"), strategy=strategy)
     assert whole["step"] == 16 and whole["eval_examples"] == 256 and whole["eval"]["accuracy"] > 0.6
     monkeypatch.setenv("TPUKIT_TEST_SIGTERM_AT_STEP", "5")
-    assert tpukit.run(user_recipe(), str(tmp_path / "cut"), strategy=strategy)["status"] == "preempted"
+    assert (
+        tpukit.run(user_recipe(), str(tmp_path / "cut"), strategy=strategy)["status"] == "preempted"
+    )
     monkeypatch.delenv("TPUKIT_TEST_SIGTERM_AT_STEP")
     resumed = tpukit.run(user_recipe(), str(tmp_path / "cut"), strategy=strategy)
     assert resumed["resumed_from_step"] == 5 and resumed["step"] == 16
@@ -68,11 +80,21 @@ def test_a_user_model_and_source_by_module_path_train_and_resume_after_sigterm(t
 
 def test_module_paths_are_validated_like_built_ins(user_package):
     with pytest.raises(RecipeError, match="unknown key model.width"):
-        from_dict({"model": {"name": "my_pkg.models:build_model", "width": 3},
-                   "data": {"source": "digits", "global_batch_size": 8}, "train": {"epochs": 1, "learning_rate": 0.1}})
+        from_dict(
+            {
+                "model": {"name": "my_pkg.models:build_model", "width": 3},
+                "data": {"source": "digits", "global_batch_size": 8},
+                "train": {"epochs": 1, "learning_rate": 0.1},
+            }
+        )
     with pytest.raises(RecipeError, match="cannot be imported .*Fix: check the spelling"):
-        from_dict({"model": {"name": "my_pkg.nowhere:build"},
-                   "data": {"source": "digits", "global_batch_size": 8}, "train": {"epochs": 1, "learning_rate": 0.1}})
+        from_dict(
+            {
+                "model": {"name": "my_pkg.nowhere:build"},
+                "data": {"source": "digits", "global_batch_size": 8},
+                "train": {"epochs": 1, "learning_rate": 0.1},
+            }
+        )
 
 
 def test_register_model_and_source_make_names_for_recipes(user_package):
@@ -81,8 +103,13 @@ def test_register_model_and_source_make_names_for_recipes(user_package):
 
     tpukit.register_model("tiny_mlp", my_pkg.models.build_model)
     tpukit.register_source("tiny_data")(my_pkg.data.my_source)
-    recipe = from_dict({"model": {"name": "tiny_mlp", "hidden": 4}, "data": {"source": "tiny_data", "global_batch_size": 16,
-                        "size": 64}, "train": {"epochs": 1, "learning_rate": 0.01}})
+    recipe = from_dict(
+        {
+            "model": {"name": "tiny_mlp", "hidden": 4},
+            "data": {"source": "tiny_data", "global_batch_size": 16, "size": 64},
+            "train": {"epochs": 1, "learning_rate": 0.01},
+        }
+    )
     assert recipe.model.kwargs == {"hidden": 4} and recipe.data.options == {"size": 64}
 
 
@@ -95,21 +122,34 @@ def _arrays():
 def build():
     import keras
 
-    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(2)])
+    return keras.Sequential(
+        [keras.Input((4,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(2)]
+    )
 
 
 @pytest.mark.parametrize("replicas", [1, 2])
 def test_fit_trains_your_model_on_arrays_and_resumes_after_sigterm(tmp_path, monkeypatch, replicas):
     x, y = _arrays()
     strategy = mirrored(2) if replicas == 2 else None
-    kwargs = dict(validation_data=(x[:100], y[:100]), epochs=2, batch_size=64, strategy=strategy,
-                  steps_per_execution=4, verbose=0, deterministic=True)
+    kwargs = dict(
+        validation_data=(x[:100], y[:100]),
+        epochs=2,
+        batch_size=64,
+        strategy=strategy,
+        steps_per_execution=4,
+        verbose=0,
+        deterministic=True,
+    )
     whole = tpukit.fit(build, x, y, output_dir=str(tmp_path / "whole"), **kwargs)
-    assert whole["step"] == 16 and whole["steps_per_execution"] == 4 and whole["eval_examples"] == 100
+    assert (
+        whole["step"] == 16 and whole["steps_per_execution"] == 4 and whole["eval_examples"] == 100
+    )
     # eval loss is exact although 100 examples take 2 steps padded to one execution of 4 (zero-weight batches)
     assert whole["eval"]["loss"] == pytest.approx(whole["eval"]["cross_entropy"], abs=1e-5)
     monkeypatch.setenv("TPUKIT_TEST_SIGTERM_AT_STEP", "4")
-    assert tpukit.fit(build, x, y, output_dir=str(tmp_path / "cut"), **kwargs)["status"] == "preempted"
+    assert (
+        tpukit.fit(build, x, y, output_dir=str(tmp_path / "cut"), **kwargs)["status"] == "preempted"
+    )
     monkeypatch.delenv("TPUKIT_TEST_SIGTERM_AT_STEP")
     resumed = tpukit.fit(build, x, y, output_dir=str(tmp_path / "cut"), **kwargs)
     assert resumed["resumed_from_step"] == 4 and resumed["step"] == 16
@@ -125,9 +165,24 @@ def test_fit_takes_a_dataset_function_and_refuses_unknown_settings(tmp_path):
     def dataset_fn(split):
         return tf.data.Dataset.from_tensor_slices((x, y) if split == "train" else (x[:64], y[:64]))
 
-    metrics = tpukit.fit(build, dataset_fn=dataset_fn, validation_data=True, epochs=1, batch_size=64,
-                         output_dir=str(tmp_path / "ds"), verbose=0)
+    metrics = tpukit.fit(
+        build,
+        dataset_fn=dataset_fn,
+        validation_data=True,
+        epochs=1,
+        batch_size=64,
+        output_dir=str(tmp_path / "ds"),
+        verbose=0,
+    )
     assert metrics["step"] == 8 and metrics["eval_examples"] == 64
     with pytest.raises(RecipeError, match="unknown setting 'stepz_per_execution'"):
-        tpukit.fit(build, x, y, epochs=1, batch_size=64, output_dir=str(tmp_path / "bad"), stepz_per_execution=2)
+        tpukit.fit(
+            build,
+            x,
+            y,
+            epochs=1,
+            batch_size=64,
+            output_dir=str(tmp_path / "bad"),
+            stepz_per_execution=2,
+        )
     assert not (tmp_path / "bad").exists()

@@ -1,11 +1,11 @@
 """tpukit: train Keras 3 models on Cloud TPUs with TPUStrategy; the same recipes run on GPUs and CPUs.
 
-    import tpukit
-    strategy = tpukit.connect()              # TPU -> TF_CONFIG cluster -> GPUs -> CPU
-    recipe = tpukit.load_recipe("digits_cnn", ["train.epochs=3"])
-    print(tpukit.plan(recipe, output_dir="runs/digits").describe())   # every decision, nothing built
-    metrics = tpukit.run(recipe, "runs/digits")
-    metrics = tpukit.fit(build_my_model, x, y, epochs=3, batch_size=256, output_dir="runs/mine")  # your own model
+import tpukit
+strategy = tpukit.connect()              # TPU -> TF_CONFIG cluster -> GPUs -> CPU
+recipe = tpukit.load_recipe("digits_cnn", ["train.epochs=3"])
+print(tpukit.plan(recipe, output_dir="runs/digits").describe())   # every decision, nothing built
+metrics = tpukit.run(recipe, "runs/digits")
+metrics = tpukit.fit(build_my_model, x, y, epochs=3, batch_size=256, output_dir="runs/mine")  # your own model
 """
 
 from tpukit import compat as _compat  # (sets KERAS_BACKEND=tensorflow before Keras loads)
@@ -33,7 +33,9 @@ def run(recipe, output_dir, strategy=None, mode="train_and_eval", checkpoint=Non
     """Trains, evaluates and exports `recipe` into `output_dir` (see `tpukit.runner.run`)."""
     from tpukit.runner import run as _run
 
-    return _run(recipe, output_dir, strategy=strategy, mode=mode, checkpoint=checkpoint, callbacks=callbacks)
+    return _run(
+        recipe, output_dir, strategy=strategy, mode=mode, checkpoint=checkpoint, callbacks=callbacks
+    )
 
 
 __all__ = [

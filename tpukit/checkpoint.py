@@ -51,7 +51,9 @@ def io_options(device: str | None) -> tf.train.CheckpointOptions | None:
     disk ("File system scheme '[local]' not implemented"): they go through the local job unless it is gs://."""
     if device is None:
         return None
-    logger.info("tpukit: remote TPU and a local output dir: checkpoint and export I/O go through %s", device)
+    logger.info(
+        "tpukit: remote TPU and a local output dir: checkpoint and export I/O go through %s", device
+    )
     return tf.train.CheckpointOptions(experimental_io_device=device)
 
 
@@ -62,17 +64,27 @@ class RunState(tf.Module):
         super().__init__(name="tpukit_run_state")
         with tf.init_scope(), tf.device("/cpu:0"):
             # Steps of data skipped after NaN rollbacks: the data position is `step + skipped_steps`.
-            self.skipped_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped_steps")
+            self.skipped_steps = tf.Variable(
+                0, dtype=tf.int64, trainable=False, name="skipped_steps"
+            )
             # NaN: nothing recorded yet.
-            self.early_stopping_best = tf.Variable(math.nan, dtype=tf.float64, trainable=False, name="es_best")
-            self.early_stopping_wait = tf.Variable(0, dtype=tf.int64, trainable=False, name="es_wait")
+            self.early_stopping_best = tf.Variable(
+                math.nan, dtype=tf.float64, trainable=False, name="es_best"
+            )
+            self.early_stopping_wait = tf.Variable(
+                0, dtype=tf.int64, trainable=False, name="es_wait"
+            )
             self.stopped_early = tf.Variable(False, trainable=False, name="stopped_early")
-            self.export_best = tf.Variable(math.nan, dtype=tf.float64, trainable=False, name="export_best")
+            self.export_best = tf.Variable(
+                math.nan, dtype=tf.float64, trainable=False, name="export_best"
+            )
 
 
 def all_finite(variables) -> bool:
     """True when every floating-point variable holds only finite values (checked on its device, one bool back)."""
-    checks = [tf.reduce_all(tf.math.is_finite(v)) for v in variables if tf.as_dtype(v.dtype).is_floating]
+    checks = [
+        tf.reduce_all(tf.math.is_finite(v)) for v in variables if tf.as_dtype(v.dtype).is_floating
+    ]
     return bool(tf.reduce_all(checks)) if checks else True
 
 
@@ -92,17 +104,23 @@ class Checkpointer:
             model=model, optimizer=optimizer, rng=rng_variables(model), run_state=self.state
         )
         try:
-            self.manager = tf.train.CheckpointManager(self.checkpoint, directory, max_to_keep=max_to_keep)
+            self.manager = tf.train.CheckpointManager(
+                self.checkpoint, directory, max_to_keep=max_to_keep
+            )
         except (tf.errors.OpError, UnicodeDecodeError, ValueError) as error:
             # The manager's state file (`checkpoint`) is damaged. It only lists the checkpoints, which `candidates`
             # finds by name as well: keep the damaged file for inspection and let the manager write a new one.
             state_file = os.path.join(directory, "checkpoint")
             logger.warning(
                 "tpukit: %s is damaged (%s); moved it to %s.damaged and listing the checkpoints by file name",
-                state_file, type(error).__name__, state_file,
+                state_file,
+                type(error).__name__,
+                state_file,
             )
             tf.io.gfile.rename(state_file, state_file + ".damaged", overwrite=True)
-            self.manager = tf.train.CheckpointManager(self.checkpoint, directory, max_to_keep=max_to_keep)
+            self.manager = tf.train.CheckpointManager(
+                self.checkpoint, directory, max_to_keep=max_to_keep
+            )
 
     @property
     def step(self) -> int:
@@ -117,7 +135,9 @@ class Checkpointer:
         """Checkpoint prefixes in the directory, newest first: the manager's list, and any other `ckpt-N.index`
         (the manager's state file is itself a file that a crash or a disk can damage)."""
         listed = list(self.manager.checkpoints)
-        found = [p[: -len(".index")] for p in glob.glob(os.path.join(self.directory, "ckpt-*.index"))]
+        found = [
+            p[: -len(".index")] for p in glob.glob(os.path.join(self.directory, "ckpt-*.index"))
+        ]
         return sorted(set(listed) | set(found), key=_number, reverse=True)
 
     def restore(self, path: str | None = None) -> int:
@@ -138,16 +158,22 @@ class Checkpointer:
             try:
                 self._restore_one(candidate)
             except _READ_ERRORS as error:
-                failures.append(f"{candidate} ({type(error).__name__}: {str(error).splitlines()[0][:200]})")
+                failures.append(
+                    f"{candidate} ({type(error).__name__}: {str(error).splitlines()[0][:200]})"
+                )
                 logger.warning(
-                    "tpukit: checkpoint %s is incomplete or damaged (%s)%s", candidate, type(error).__name__,
+                    "tpukit: checkpoint %s is incomplete or damaged (%s)%s",
+                    candidate,
+                    type(error).__name__,
                     "; trying the previous one" if candidate != candidates[-1] else "",
                 )
                 continue
             if failures:
                 logger.warning(
                     "tpukit: resumed from %s (step %d) because the newer checkpoint(s) could not be read: %s",
-                    candidate, self.step, "; ".join(failures),
+                    candidate,
+                    self.step,
+                    "; ".join(failures),
                 )
             else:
                 logger.info("tpukit: restored %s at step %d", candidate, self.step)

@@ -48,7 +48,10 @@ def fingerprint(recipe, version: str) -> dict[str, int]:
     """One number per recipe section and for the tpukit version (the output paths and TPU address are left out)."""
     sections = recipe.to_dict()
     sections["runtime"] = {k: v for k, v in sections["runtime"].items() if k != "tpu"}
-    return {**{name: _digest(value) for name, value in sections.items()}, "tpukit version": _digest(version)}
+    return {
+        **{name: _digest(value) for name, value in sections.items()},
+        "tpukit version": _digest(version),
+    }
 
 
 def check_same_recipe(strategy, recipe, version: str) -> None:
@@ -75,6 +78,7 @@ def agree_resume_step(strategy, step: int) -> int:
     if agreed != step:
         logger.warning(
             "tpukit: the workers' newest checkpoints are at steps %s: every worker resumes from step %d",
-            sorted(set(int(s) for s in steps)), agreed,
+            sorted(set(int(s) for s in steps)),
+            agreed,
         )
     return agreed

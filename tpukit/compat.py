@@ -76,7 +76,9 @@ def check_keras() -> str:
         f"{version}. Fix: `pip install 'keras>={low},<{high}'` and restart the runtime"
     )
     if os.environ.get(ALLOW_UNTESTED_KERAS) == "1":
-        logging.getLogger("tpukit").warning("tpukit: %s (continuing: %s=1).", message, ALLOW_UNTESTED_KERAS)
+        logging.getLogger("tpukit").warning(
+            "tpukit: %s (continuing: %s=1).", message, ALLOW_UNTESTED_KERAS
+        )
         return version
     raise ImportError(f"{message}, or set {ALLOW_UNTESTED_KERAS}=1 to try it anyway.")
 

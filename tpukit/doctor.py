@@ -359,7 +359,10 @@ def check_versions(
 
     keras_version = installed.get("keras")
     low, high = (".".join(map(str, v)) for v in compat.KERAS_TESTED)
-    if not keras_version or not compat.KERAS_TESTED[0] <= _version_tuple(keras_version) < compat.KERAS_TESTED[1]:
+    if (
+        not keras_version
+        or not compat.KERAS_TESTED[0] <= _version_tuple(keras_version) < compat.KERAS_TESTED[1]
+    ):
         findings.append(
             Finding(
                 "fail",

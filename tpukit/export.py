@@ -18,11 +18,13 @@ import os
 
 KERAS_FILENAME = "model.keras"
 SAVED_MODEL_DIRNAME = "saved_model"
-SERVING_ENDPOINT = "serve"  # the name `keras.Model.export` gives it too (keras.src.export.saved_model)
+SERVING_ENDPOINT = (
+    "serve"  # the name `keras.Model.export` gives it too (keras.src.export.saved_model)
+)
 
 
 def io_device_for(strategy, directory: str | None = None) -> str | None:
-    """"/job:localhost" for a TPUStrategy on a remote TPU Node (grpc:// master), else None (local IO works).
+    """ "/job:localhost" for a TPUStrategy on a remote TPU Node (grpc:// master), else None (local IO works).
 
     `tpukit.runner` asks once and passes the answer to checkpoints (`checkpoint.io_options`), exports and logs.
 
@@ -53,7 +55,10 @@ def _serving_signature(model):
             f"export_model: model {getattr(model, 'name', model)!r} has no symbolic inputs, so its serving "
             "signature is unknown. Fix: build it as a functional model (keras.Input -> ... -> keras.Model)."
         )
-    specs = [tf.TensorSpec((None, *tensor.shape[1:]), tensor.dtype, name=_input_name(tensor, i)) for i, tensor in enumerate(inputs)]
+    specs = [
+        tf.TensorSpec((None, *tensor.shape[1:]), tensor.dtype, name=_input_name(tensor, i))
+        for i, tensor in enumerate(inputs)
+    ]
     # The endpoint takes one positional argument: the input tensor, or the list of inputs in `model.inputs` order.
     return [specs[0]] if len(specs) == 1 else [specs]
 
@@ -92,7 +97,10 @@ def export_model(model, output_dir: str, *, io_device: str | None = None) -> dic
         outputs = model(inputs, training=False)
         # float32 out under any policy: serving clients (TF Serving's JSON API, numpy) expect float32.
         return tf.nest.map_structure(
-            lambda t: tf.cast(t, tf.float32) if t.dtype.is_floating and t.dtype != tf.float32 else t, outputs
+            lambda t: (
+                tf.cast(t, tf.float32) if t.dtype.is_floating and t.dtype != tf.float32 else t
+            ),
+            outputs,
         )
 
     archive = keras.export.ExportArchive()

@@ -28,7 +28,12 @@ def _section_of(key: str) -> str:
     for section, config in _SECTIONS.items():
         if key in {f.name for f in dataclasses.fields(config)} and key not in ("source", "options"):
             return section
-    valid = sorted(f.name for c in _SECTIONS.values() for f in dataclasses.fields(c) if f.name not in ("source", "options"))
+    valid = sorted(
+        f.name
+        for c in _SECTIONS.values()
+        for f in dataclasses.fields(c)
+        if f.name not in ("source", "options")
+    )
     raise RecipeError(f"tpukit.fit: unknown setting {key!r}. Valid settings: {', '.join(valid)}.")
 
 
@@ -91,17 +96,28 @@ def fit(
     from tpukit.runner import run
 
     if (x is None) == (dataset_fn is None):
-        raise RecipeError("tpukit.fit: pass either x and y (arrays) or dataset_fn, not both and not neither.")
-    name = name or f"fit:{getattr(model_fn, '__module__', '')}.{getattr(model_fn, '__qualname__', 'model')}"
+        raise RecipeError(
+            "tpukit.fit: pass either x and y (arrays) or dataset_fn, not both and not neither."
+        )
+    name = (
+        name
+        or f"fit:{getattr(model_fn, '__module__', '')}.{getattr(model_fn, '__qualname__', 'model')}"
+    )
     register_model(name, model_fn)
     if dataset_fn is None:
-        register_source(name, _arrays_source(x, y, validation_data if validation_data is not True else None))
+        register_source(
+            name, _arrays_source(x, y, validation_data if validation_data is not True else None)
+        )
     else:
         register_source(name, _dataset_source(dataset_fn))
     raw = {
         "model": {"name": name},
-        "data": {"source": name, "global_batch_size": batch_size, "train_split": "train",
-                 "eval_split": "validation" if validation_data is not None else None},
+        "data": {
+            "source": name,
+            "global_batch_size": batch_size,
+            "train_split": "train",
+            "eval_split": "validation" if validation_data is not None else None,
+        },
         "train": {"epochs": epochs, "learning_rate": learning_rate},
         "runtime": {},
     }

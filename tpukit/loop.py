@@ -77,8 +77,11 @@ def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         for _, _, it in iterator:
             batch = next(it)
             data_batch = tree.map_structure(
-                lambda v: self.distribute_strategy.experimental_local_results(v)[0]
-                if isinstance(v, tf.distribute.DistributedValues) else v,
+                lambda v: (
+                    self.distribute_strategy.experimental_local_results(v)[0]
+                    if isinstance(v, tf.distribute.DistributedValues)
+                    else v
+                ),
                 batch,
             )
             break
@@ -100,7 +103,11 @@ def _multi_step_function(model, step_function, stock_function):
     strategy = model.distribute_strategy
     steps_per_execution = int(model.steps_per_execution)
     # Keras maps optional inputs (tf.experimental.Optional) to None before the step; keep that behaviour.
-    replica_step = model._autoconvert_optionals(step_function) if hasattr(model, "_autoconvert_optionals") else step_function
+    replica_step = (
+        model._autoconvert_optionals(step_function)
+        if hasattr(model, "_autoconvert_optionals")
+        else step_function
+    )
 
     # No jit_compile here: one XLA cluster cannot hold MirroredStrategy's cross-replica update (see
     # performance.choose_jit_compile), and TPUStrategy compiles `strategy.run` itself. No autograph either, as in
@@ -113,7 +120,9 @@ def _multi_step_function(model, step_function, stock_function):
         def body(step, next_inputs):
             strategy.run(replica_step, args=(next_inputs.get_value(),))
             # Fetch only if another step follows, so no batch is taken from the iterator and dropped.
-            following = tf.cond(step + 1 < steps_per_execution, iterator.get_next_as_optional, lambda: next_inputs)
+            following = tf.cond(
+                step + 1 < steps_per_execution, iterator.get_next_as_optional, lambda: next_inputs
+            )
             return step + 1, following
 
         steps, _ = tf.while_loop(cond, body, [tf.constant(0), iterator.get_next_as_optional()])
@@ -130,14 +139,18 @@ def _multi_step_function(model, step_function, stock_function):
             raise StopIteration  # the data ran out before this execution; same contract as Keras' function
         return logs
 
-    function.tpukit_multi_step = True  # lets tests (and debugging) tell this function from Keras' own
+    function.tpukit_multi_step = (
+        True  # lets tests (and debugging) tell this function from Keras' own
+    )
     return function
 
 
 def _make_train_function(self, force=False):
     if self.train_function is not None and not force:
         return self.train_function
-    type(self).make_train_function(self, force=True)  # Keras' function: the fallback, and all we need at 1 replica
+    type(self).make_train_function(
+        self, force=True
+    )  # Keras' function: the fallback, and all we need at 1 replica
     if _needs_loop(self):
         self.train_function = _multi_step_function(self, self.train_step, self.train_function)
     return self.train_function
@@ -182,7 +195,8 @@ def use_multi_step_loop(model) -> bool:
     model.test_function = None
     logger.info(
         "tpukit: steps_per_execution=%d over %d replicas runs in tpukit's while-loop (keras-team/keras#19246)",
-        int(model.steps_per_execution), model.distribute_strategy.num_replicas_in_sync,
+        int(model.steps_per_execution),
+        model.distribute_strategy.num_replicas_in_sync,
     )
     return True
 
@@ -217,7 +231,10 @@ def check_steps_per_execution(steps_per_execution: int, steps_per_epoch: int) ->
 
 
 def auto_steps_per_execution(
-    time_one_step_seconds: float, steps_per_epoch: int, target_seconds: float = 0.5, maximum: int = 1000
+    time_one_step_seconds: float,
+    steps_per_epoch: int,
+    target_seconds: float = 0.5,
+    maximum: int = 1000,
 ) -> int:
     """The largest divisor of `steps_per_epoch` (at most `maximum`) whose execution takes at most `target_seconds`.
 
@@ -237,12 +254,15 @@ def auto_steps_per_execution(
             f"Received: time_one_step_seconds={time_one_step_seconds!r}"
         )
     if not target_seconds > 0:
-        raise ValueError(f"target_seconds must be positive. Received: target_seconds={target_seconds!r}")
+        raise ValueError(
+            f"target_seconds must be positive. Received: target_seconds={target_seconds!r}"
+        )
     _positive_int("steps_per_epoch", steps_per_epoch)
     _positive_int("maximum", maximum)
     # The tiny tolerance keeps e.g. 5 x 0.1 s within a 0.5 s target despite float rounding.
     fits = [
-        d for d in divisors(steps_per_epoch)
+        d
+        for d in divisors(steps_per_epoch)
         if d <= maximum and d * time_one_step_seconds <= target_seconds * (1 + 1e-9)
     ]
     return max(fits, default=1)

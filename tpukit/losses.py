@@ -45,13 +45,17 @@ class SparseCategoricalCrossentropyWithLabelSmoothing(keras.losses.Loss):
     def call(self, y_true, y_pred):
         y_pred = ops.cast(y_pred, "float32")
         labels = ops.cast(y_true, "int32")
-        if len(labels.shape) == len(y_pred.shape):  # (B, 1) or (B, T, 1) labels, as Keras also accepts
+        if len(labels.shape) == len(
+            y_pred.shape
+        ):  # (B, 1) or (B, T, 1) labels, as Keras also accepts
             labels = ops.squeeze(labels, axis=-1)
         if self.from_logits:
             log_probs = ops.log_softmax(y_pred, axis=-1)
         else:
             probs = y_pred / ops.sum(y_pred, axis=-1, keepdims=True)
-            log_probs = ops.log(ops.clip(probs, keras.config.epsilon(), 1.0 - keras.config.epsilon()))
+            log_probs = ops.log(
+                ops.clip(probs, keras.config.epsilon(), 1.0 - keras.config.epsilon())
+            )
         label_log_prob = ops.take_along_axis(log_probs, labels[..., None], axis=-1)[..., 0]
         uniform = ops.mean(log_probs, axis=-1)  # sum(log_p) / C
         return -(1.0 - self.label_smoothing) * label_log_prob - self.label_smoothing * uniform
@@ -69,7 +73,9 @@ def build_loss(train, reduction="mean_with_sample_weight") -> keras.losses.Loss:
     """
     smoothing = getattr(train, "label_smoothing", 0.0)
     if smoothing:
-        return SparseCategoricalCrossentropyWithLabelSmoothing(smoothing, from_logits=True, reduction=reduction)
+        return SparseCategoricalCrossentropyWithLabelSmoothing(
+            smoothing, from_logits=True, reduction=reduction
+        )
     return keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=reduction)
 
 
@@ -85,7 +91,9 @@ class WeightedLoss(keras.metrics.Mean):
     def __init__(self, label_smoothing: float = 0.0, name: str = "weighted_loss", dtype=None):
         super().__init__(name=name, dtype=dtype)
         self.label_smoothing = float(label_smoothing)
-        self._per_example = SparseCategoricalCrossentropyWithLabelSmoothing(label_smoothing, reduction=None)
+        self._per_example = SparseCategoricalCrossentropyWithLabelSmoothing(
+            label_smoothing, reduction=None
+        )
 
     def update_state(self, y_true, y_pred, sample_weight=None):
         return super().update_state(self._per_example(y_true, y_pred), sample_weight=sample_weight)

@@ -23,7 +23,9 @@ from keras import ops
 NO_DECAY_NAMES = ("bias", "gamma", "beta")
 
 
-def scaled_learning_rate(base_lr: float, global_batch_size: int, reference_batch_size: int) -> float:
+def scaled_learning_rate(
+    base_lr: float, global_batch_size: int, reference_batch_size: int
+) -> float:
     """The linear scaling rule (Goyal et al., 2017): `base_lr * global_batch_size / reference_batch_size`.
 
     A recipe tuned at `reference_batch_size` keeps its per-example step size when run at another global batch
@@ -73,7 +75,12 @@ class WarmupCosine(keras.optimizers.schedules.LearningRateSchedule):
         return ops.where(step < self.warmup_steps, warm, cosine)
 
     def get_config(self):
-        return {"peak": self.peak, "warmup_steps": self.warmup_steps, "total_steps": self.total_steps, "cosine": self.cosine}
+        return {
+            "peak": self.peak,
+            "warmup_steps": self.warmup_steps,
+            "total_steps": self.total_steps,
+            "cosine": self.cosine,
+        }
 
 
 @keras.saving.register_keras_serializable(package="tpukit")
@@ -87,10 +94,18 @@ class WarmupStepDecay(keras.optimizers.schedules.LearningRateSchedule):
         decay_rate: the factor applied at each boundary.
     """
 
-    def __init__(self, peak: float, warmup_steps: int, boundaries: tuple[int, ...] | list[int], decay_rate: float = 0.1):
+    def __init__(
+        self,
+        peak: float,
+        warmup_steps: int,
+        boundaries: tuple[int, ...] | list[int],
+        decay_rate: float = 0.1,
+    ):
         boundaries = [int(b) for b in boundaries]
         if boundaries != sorted(boundaries):
-            raise ValueError(f"WarmupStepDecay: boundaries must increase; received boundaries={boundaries}.")
+            raise ValueError(
+                f"WarmupStepDecay: boundaries must increase; received boundaries={boundaries}."
+            )
         self.peak = peak
         self.warmup_steps = warmup_steps
         self.boundaries = boundaries
@@ -104,7 +119,9 @@ class WarmupStepDecay(keras.optimizers.schedules.LearningRateSchedule):
         decayed = self.peak * ops.power(ops.cast(self.decay_rate, "float32"), passed)
         if not self.warmup_steps:
             return decayed
-        return ops.where(step < self.warmup_steps, _warmup(self.peak, self.warmup_steps, step), decayed)
+        return ops.where(
+            step < self.warmup_steps, _warmup(self.peak, self.warmup_steps, step), decayed
+        )
 
     def get_config(self):
         return {
@@ -140,14 +157,18 @@ class SGDWithL2(keras.optimizers.SGD):
         exclude_names: tuple[str, ...] | list[str] | None = NO_DECAY_NAMES,
         **kwargs,
     ):
-        super().__init__(learning_rate=learning_rate, momentum=float(momentum), nesterov=nesterov, **kwargs)
+        super().__init__(
+            learning_rate=learning_rate, momentum=float(momentum), nesterov=nesterov, **kwargs
+        )
         self.l2 = float(weight_decay or 0.0)
         self.exclude_names = list(exclude_names or [])
         self.exclude_from_weight_decay(var_names=self.exclude_names)
 
     def update_step(self, gradient, variable, learning_rate):
         if self.l2 and self._use_weight_decay(variable):
-            gradient = ops.cast(gradient, variable.dtype) + ops.cast(self.l2, variable.dtype) * variable
+            gradient = (
+                ops.cast(gradient, variable.dtype) + ops.cast(self.l2, variable.dtype) * variable
+            )
         super().update_step(gradient, variable, learning_rate)
 
     def get_config(self):
@@ -198,7 +219,9 @@ class LARS(keras.optimizers.Optimizer):
         if not 0.0 <= momentum < 1.0:
             raise ValueError(f"LARS: momentum must be in [0, 1); received momentum={momentum}.")
         if trust_coefficient <= 0:
-            raise ValueError(f"LARS: trust_coefficient must be > 0; received trust_coefficient={trust_coefficient}.")
+            raise ValueError(
+                f"LARS: trust_coefficient must be > 0; received trust_coefficient={trust_coefficient}."
+            )
         self.momentum = float(momentum)
         self.l2 = float(weight_decay or 0.0)
         self.trust_coefficient = float(trust_coefficient)
@@ -255,9 +278,15 @@ def build_schedule(train, learning_rate: float, total_steps: int):
     (default (0.5, 0.75)) of `total_steps`: fractions, so a recipe survives a change of batch size or epochs.
     """
     schedule = train.schedule
-    warmup_steps = train.warmup_steps  # longer than the run (a smoke test): the run stops mid-warmup
+    warmup_steps = (
+        train.warmup_steps
+    )  # longer than the run (a smoke test): the run stops mid-warmup
     if schedule == "constant":
-        return learning_rate if not warmup_steps else WarmupCosine(learning_rate, warmup_steps, total_steps, cosine=False)
+        return (
+            learning_rate
+            if not warmup_steps
+            else WarmupCosine(learning_rate, warmup_steps, total_steps, cosine=False)
+        )
     if schedule == "cosine":
         return WarmupCosine(learning_rate, warmup_steps, total_steps, cosine=True)
     if schedule == "step":
@@ -268,11 +297,17 @@ def build_schedule(train, learning_rate: float, total_steps: int):
                 "Fix: e.g. [0.5, 0.75] decays at half and three quarters of the run."
             )
         boundaries = [int(round(f * total_steps)) for f in fractions]
-        return WarmupStepDecay(learning_rate, warmup_steps, boundaries, getattr(train, "decay_rate", 0.1))
-    raise ValueError(f"train.schedule must be one of constant, cosine, step; received {schedule!r}.")
+        return WarmupStepDecay(
+            learning_rate, warmup_steps, boundaries, getattr(train, "decay_rate", 0.1)
+        )
+    raise ValueError(
+        f"train.schedule must be one of constant, cosine, step; received {schedule!r}."
+    )
 
 
-def build_optimizer(train, total_steps: int, global_batch_size: int | None = None) -> keras.optimizers.Optimizer:
+def build_optimizer(
+    train, total_steps: int, global_batch_size: int | None = None
+) -> keras.optimizers.Optimizer:
     """The optimizer named by `train.optimizer` with `train.schedule` over `total_steps` steps.
 
     Args:
@@ -311,8 +346,15 @@ def build_optimizer(train, total_steps: int, global_batch_size: int | None = Non
         return SGDWithL2(learning_rate, momentum=train.momentum, weight_decay=weight_decay)
     elif name == "lars":
         trust = getattr(train, "trust_coefficient", 0.001)
-        return LARS(learning_rate, momentum=train.momentum, weight_decay=weight_decay, trust_coefficient=trust)
+        return LARS(
+            learning_rate,
+            momentum=train.momentum,
+            weight_decay=weight_decay,
+            trust_coefficient=trust,
+        )
     else:
-        raise ValueError(f"train.optimizer must be one of adam, adamw, lamb, lars, sgd; received {name!r}.")
+        raise ValueError(
+            f"train.optimizer must be one of adam, adamw, lamb, lars, sgd; received {name!r}."
+        )
     optimizer.exclude_from_weight_decay(var_names=list(NO_DECAY_NAMES))
     return optimizer

@@ -32,7 +32,9 @@ def _gpu_compute_capability() -> tuple[int, int] | None:
     return details.get("compute_capability")
 
 
-def choose_precision(requested: str, kind: str, compute_capability: tuple[int, int] | None = None) -> Decision:
+def choose_precision(
+    requested: str, kind: str, compute_capability: tuple[int, int] | None = None
+) -> Decision:
     """The Keras dtype policy name for `requested` ('auto' or a policy) on a strategy `kind`."""
     if requested != "auto":
         if requested == "mixed_bfloat16" and kind == "default":
@@ -44,14 +46,25 @@ def choose_precision(requested: str, kind: str, compute_capability: tuple[int, i
     if kind == "tpu":
         return Decision("mixed_bfloat16", "TPUs compute in bfloat16 natively")
     if kind in ("one_device", "mirrored", "multi_worker"):
-        capability = compute_capability if compute_capability is not None else _gpu_compute_capability()
+        capability = (
+            compute_capability if compute_capability is not None else _gpu_compute_capability()
+        )
         if capability is not None:
             if tuple(capability) >= (8, 0):
-                return Decision("mixed_bfloat16", f"GPU compute capability {capability} has bfloat16 tensor cores")
+                return Decision(
+                    "mixed_bfloat16",
+                    f"GPU compute capability {capability} has bfloat16 tensor cores",
+                )
             if tuple(capability) >= (7, 0):
-                return Decision("mixed_float16", f"GPU compute capability {capability} has float16 tensor cores")
-            return Decision("float32", f"GPU compute capability {capability} has no fast half precision")
-    return Decision("float32", "on this kind of CPU float32 was the fastest (benchmarks/precision_xla.py)")
+                return Decision(
+                    "mixed_float16", f"GPU compute capability {capability} has float16 tensor cores"
+                )
+            return Decision(
+                "float32", f"GPU compute capability {capability} has no fast half precision"
+            )
+    return Decision(
+        "float32", "on this kind of CPU float32 was the fastest (benchmarks/precision_xla.py)"
+    )
 
 
 def choose_jit_compile(requested, kind: str, replicas: int) -> Decision:
@@ -69,5 +82,10 @@ def choose_jit_compile(requested, kind: str, replicas: int) -> Decision:
     if multi_device_mirrored:
         return Decision(False, f"XLA cannot span the {replicas} replicas of a {kind} strategy")
     if kind == "default":
-        return Decision(False, "on this kind of CPU XLA made the step 2-3x slower (benchmarks/precision_xla.py)")
-    return Decision(True, "XLA-compiled train step on the GPU (Keras' 'auto' would turn it off under a strategy)")
+        return Decision(
+            False, "on this kind of CPU XLA made the step 2-3x slower (benchmarks/precision_xla.py)"
+        )
+    return Decision(
+        True,
+        "XLA-compiled train step on the GPU (Keras' 'auto' would turn it off under a strategy)",
+    )

@@ -34,12 +34,18 @@ def count_examples(recipe: Recipe, split: str) -> int:
     from tpukit.data import EXAMPLE_COUNTS, SOURCES, run_args
 
     skip = {"skip_corrupt": True} if recipe.data.skip_corrupt else {}
-    counter = EXAMPLE_COUNTS.get(recipe.data.source)  # fast path: metadata or raw records, nothing decoded
+    counter = EXAMPLE_COUNTS.get(
+        recipe.data.source
+    )  # fast path: metadata or raw records, nothing decoded
     count = counter(split=split, **skip, **recipe.data.options) if counter else None
     if count is not None:
         return count
     source = SOURCES[recipe.data.source]
-    skip = {k: v for k, v in run_args(source, False, False, recipe.data.skip_corrupt).items() if k == "skip_corrupt"}
+    skip = {
+        k: v
+        for k, v in run_args(source, False, False, recipe.data.skip_corrupt).items()
+        if k == "skip_corrupt"
+    }
     dataset = source(split=split, input_context=None, **skip, **recipe.data.options)
     count = int(dataset.cardinality())
     if count < 0:  # unknown or infinite: count once
@@ -53,7 +59,10 @@ def eval_batch_size(recipe: Recipe) -> int:
 
 def check_batch_sizes(recipe: Recipe, replicas: int, train_examples: int) -> int:
     """Validates the global batch sizes against the replica count and dataset; returns steps per epoch."""
-    for key, value in (("global_batch_size", recipe.data.global_batch_size), ("eval_global_batch_size", eval_batch_size(recipe))):
+    for key, value in (
+        ("global_batch_size", recipe.data.global_batch_size),
+        ("eval_global_batch_size", eval_batch_size(recipe)),
+    ):
         if value % replicas:
             lower = max(replicas, value // replicas * replicas)
             raise RecipeError(
@@ -89,7 +98,9 @@ class Plan:
     eval_examples: int
     steps_per_epoch: int
     total_steps: int
-    steps_per_execution: int | str  # "auto": decided by `runner.build`'s probe, then `resolved(...)`
+    steps_per_execution: (
+        int | str
+    )  # "auto": decided by `runner.build`'s probe, then `resolved(...)`
     eval_steps: int | None  # whole executions of steps_per_execution; None without evaluation
     precision: str
     precision_reason: str
@@ -115,15 +126,23 @@ class Plan:
     def resolved(self, steps_per_execution: int) -> Plan:
         """This plan with `steps_per_execution` fixed (after the auto probe) and the eval steps that follow."""
         return dataclasses.replace(
-            self, steps_per_execution=steps_per_execution,
-            eval_steps=self._eval_steps(steps_per_execution) if self.evaluating or self.eval_steps else None,
+            self,
+            steps_per_execution=steps_per_execution,
+            eval_steps=self._eval_steps(steps_per_execution)
+            if self.evaluating or self.eval_steps
+            else None,
         )
 
     def _eval_steps(self, steps_per_execution: int) -> int:
         from tpukit.data import padded_eval_steps
 
         # Whole executions: Keras evaluates whole executions only, and the extra batches weigh zero.
-        return padded_eval_steps(self.eval_examples, self.eval_global_batch_size, self.input_pipelines, steps_per_execution)
+        return padded_eval_steps(
+            self.eval_examples,
+            self.eval_global_batch_size,
+            self.input_pipelines,
+            steps_per_execution,
+        )
 
     def describe(self) -> str:
         """The plan as the block the CLI logs once."""
@@ -133,13 +152,21 @@ class Plan:
             f"global batch {self.global_batch_size} = {self.replicas} replica(s) x {self.per_replica_batch_size} "
             f"per replica; eval global batch {self.eval_global_batch_size}",
             f"{self.steps_per_epoch} steps per epoch over {self.train_examples} examples, {self.total_steps} steps in all; "
-            + (("eval steps set with steps_per_execution" if self.steps_per_execution == "auto" else
-                f"{self.eval_steps} eval steps") + f" over {self.eval_examples} examples" if self.evaluating
-               else "no evaluation"),
+            + (
+                (
+                    "eval steps set with steps_per_execution"
+                    if self.steps_per_execution == "auto"
+                    else f"{self.eval_steps} eval steps"
+                )
+                + f" over {self.eval_examples} examples"
+                if self.evaluating
+                else "no evaluation"
+            ),
             f"steps_per_execution {self.steps_per_execution}",
             f"precision {self.precision} ({self.precision_reason})",
             f"jit_compile {self.jit_compile} ({self.jit_compile_reason})",
-            f"output {self.output_dir}" + (f", resuming at step {self.resume_step}" if self.resume_step else "")
+            f"output {self.output_dir}"
+            + (f", resuming at step {self.resume_step}" if self.resume_step else "")
             + (f", evaluating {self.checkpoint}" if self.checkpoint else "")
             + (f", file I/O through {self.io_device}" if self.io_device else ""),
         ]
@@ -150,18 +177,25 @@ def newest_checkpoint_step(checkpoint_dir: str) -> int:
     """The step of the newest `ckpt-N` in `checkpoint_dir` (tpukit numbers checkpoints by step), 0 when none."""
     import tensorflow as tf
 
-    steps = [int(m.group(1)) for p in tf.io.gfile.glob(os.path.join(checkpoint_dir, "ckpt-*.index"))
-             if (m := re.search(r"ckpt-(\d+)\.index$", p))]
+    steps = [
+        int(m.group(1))
+        for p in tf.io.gfile.glob(os.path.join(checkpoint_dir, "ckpt-*.index"))
+        if (m := re.search(r"ckpt-(\d+)\.index$", p))
+    ]
     return max(steps, default=0)
 
 
-def check_resume(recipe: Recipe, steps_per_epoch: int, total_steps: int, steps_per_execution: int, step: int) -> None:
+def check_resume(
+    recipe: Recipe, steps_per_epoch: int, total_steps: int, steps_per_execution: int, step: int
+) -> None:
     """A resumed run must keep whole executions in the epoch it resumes in, or it would overshoot its epochs."""
     from tpukit import loop
 
     left = steps_per_epoch - step % steps_per_epoch
     if step < total_steps and left % steps_per_execution:
-        valid = loop.divisors(math.gcd(steps_per_epoch, left))  # fit the rest of this epoch and every later one
+        valid = loop.divisors(
+            math.gcd(steps_per_epoch, left)
+        )  # fit the rest of this epoch and every later one
         raise RecipeError(
             f"{recipe.path}: runtime.steps_per_execution={steps_per_execution} does not divide the {left} steps left "
             f"in the epoch this run resumes at (step {step}), so the run would overshoot its epochs. Fix: --set "
@@ -171,9 +205,13 @@ def check_resume(recipe: Recipe, steps_per_epoch: int, total_steps: int, steps_p
 
 def _check_mode(recipe: Recipe, mode: str, evaluating: bool) -> None:
     if mode not in MODES:
-        raise RecipeError(f"mode must be one of {', '.join(MODES)}; received {mode!r}. Fix: pick one of those.")
+        raise RecipeError(
+            f"mode must be one of {', '.join(MODES)}; received {mode!r}. Fix: pick one of those."
+        )
     if mode == "eval" and not evaluating:
-        raise RecipeError(f"{recipe.path}: mode eval needs data.eval_split; received null. Fix: set data.eval_split.")
+        raise RecipeError(
+            f"{recipe.path}: mode eval needs data.eval_split; received null. Fix: set data.eval_split."
+        )
     watched = [recipe.train.export_best_by]
     if recipe.train.early_stopping_patience is not None:
         watched.append(recipe.train.early_stopping_metric)
@@ -195,7 +233,9 @@ def _check_checkpoint(mode: str, checkpoint: str | None, checkpoint_dir: str) ->
             f"{os.path.join(checkpoint_dir, 'ckpt-1000')}, without the .index/.data suffix."
         )
     if mode == "eval" and not checkpoint and not newest_checkpoint_step(checkpoint_dir):
-        raise RecipeError(f"mode eval: no checkpoint in {checkpoint_dir}. Fix: train first, or pass the checkpoint path.")
+        raise RecipeError(
+            f"mode eval: no checkpoint in {checkpoint_dir}. Fix: train first, or pass the checkpoint path."
+        )
 
 
 def _check_steps_per_execution(recipe: Recipe, kind: str, steps_per_epoch: int) -> None:
@@ -221,7 +261,9 @@ def _scan_corrupt(recipe: Recipe, evaluating: bool) -> dict:
     if not recipe.data.skip_corrupt:
         return {}
     reports = {}
-    for split in filter(None, (recipe.data.train_split, recipe.data.eval_split if evaluating else None)):
+    for split in filter(
+        None, (recipe.data.train_split, recipe.data.eval_split if evaluating else None)
+    ):
         report = data.scan_corrupt(recipe.data.source, split, recipe.data.options)
         if report is not None:
             (logger.warning if report.skipped else logger.info)("tpukit: %s", report.summary())
@@ -265,14 +307,20 @@ def plan(
     subdir = worker_subdir(strategy)
     if subdir:
         output_dir = os.path.join(output_dir, subdir)
-        logger.info("tpukit: this is multi-worker task %s (not the chief): its outputs go to %s", subdir, output_dir)
+        logger.info(
+            "tpukit: this is multi-worker task %s (not the chief): its outputs go to %s",
+            subdir,
+            output_dir,
+        )
     checkpoint_dir = os.path.join(output_dir, "checkpoints")
     _check_checkpoint(mode, checkpoint, checkpoint_dir)  # cheap checks before counting the data
     try:
         train_examples = count_examples(recipe, recipe.data.train_split)
         eval_examples = count_examples(recipe, recipe.data.eval_split) if evaluating else 0
         corrupt = _scan_corrupt(recipe, evaluating)
-    except ValueError as error:  # the source rejects a split or an argument, or a record is corrupt (named)
+    except (
+        ValueError
+    ) as error:  # the source rejects a split or an argument, or a record is corrupt (named)
         raise RecipeError(f"{recipe.path}: data: {error}") from None
     steps_per_epoch = check_batch_sizes(recipe, replicas, train_examples)
     total_steps = steps_per_epoch * recipe.train.epochs
@@ -285,17 +333,36 @@ def plan(
     resume_step = newest_checkpoint_step(checkpoint_dir) if mode != "eval" else 0
     steps_per_execution = recipe.runtime.steps_per_execution
     if steps_per_execution == "auto" and mode == "eval":
-        steps_per_execution = 1  # nothing trains: no probe (it would build and train a throwaway model)
+        steps_per_execution = (
+            1  # nothing trains: no probe (it would build and train a throwaway model)
+        )
     if steps_per_execution != "auto" and mode != "eval":
         check_resume(recipe, steps_per_epoch, total_steps, steps_per_execution, resume_step)
     result = Plan(
-        recipe=recipe, mode=mode, strategy=strategy, strategy_kind=kind, replicas=replicas,
-        input_pipelines=num_input_pipelines(strategy), global_batch_size=recipe.data.global_batch_size,
-        per_replica_batch_size=recipe.data.global_batch_size // replicas, eval_global_batch_size=eval_batch_size(recipe),
-        train_examples=train_examples, eval_examples=eval_examples, steps_per_epoch=steps_per_epoch,
-        total_steps=total_steps, steps_per_execution=steps_per_execution, eval_steps=0 if evaluating else None,
-        precision=precision.value, precision_reason=precision.reason, jit_compile=jit.value,
-        jit_compile_reason=jit.reason, output_dir=output_dir, checkpoint_dir=checkpoint_dir, checkpoint=checkpoint,
-        resume_step=resume_step, io_device=io_device_for(strategy, output_dir), corrupt=corrupt,
+        recipe=recipe,
+        mode=mode,
+        strategy=strategy,
+        strategy_kind=kind,
+        replicas=replicas,
+        input_pipelines=num_input_pipelines(strategy),
+        global_batch_size=recipe.data.global_batch_size,
+        per_replica_batch_size=recipe.data.global_batch_size // replicas,
+        eval_global_batch_size=eval_batch_size(recipe),
+        train_examples=train_examples,
+        eval_examples=eval_examples,
+        steps_per_epoch=steps_per_epoch,
+        total_steps=total_steps,
+        steps_per_execution=steps_per_execution,
+        eval_steps=0 if evaluating else None,
+        precision=precision.value,
+        precision_reason=precision.reason,
+        jit_compile=jit.value,
+        jit_compile_reason=jit.reason,
+        output_dir=output_dir,
+        checkpoint_dir=checkpoint_dir,
+        checkpoint=checkpoint,
+        resume_step=resume_step,
+        io_device=io_device_for(strategy, output_dir),
+        corrupt=corrupt,
     )
     return result if steps_per_execution == "auto" else result.resolved(steps_per_execution)

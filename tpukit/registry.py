@@ -58,17 +58,23 @@ def _import(name: str, key: str) -> Callable:
             f"the package holding {module_name!r} is installed or on PYTHONPATH (run from its parent directory)."
         ) from None
     if not callable(target):
-        raise RegistryError(f"{key}={name!r} is a {type(target).__name__}, not a function. Fix: name a function.")
+        raise RegistryError(
+            f"{key}={name!r} is a {type(target).__name__}, not a function. Fix: name a function."
+        )
     return target
 
 
 def _register(registry: dict[str, Callable], kind: str, name: str, fn: Callable | None):
     if not isinstance(name, str) or not name:
-        raise ValueError(f"register_{kind}: name must be a non-empty string. Received: name={name!r}")
+        raise ValueError(
+            f"register_{kind}: name must be a non-empty string. Received: name={name!r}"
+        )
 
     def add(function: Callable) -> Callable:
         if not callable(function):
-            raise ValueError(f"register_{kind}({name!r}): expected a function. Received: {function!r}")
+            raise ValueError(
+                f"register_{kind}({name!r}): expected a function. Received: {function!r}"
+            )
         registry[name] = function
         return function
 

@@ -38,8 +38,19 @@ from tpukit.recipe import Recipe, RecipeError, save_recipe
 logger = logging.getLogger("tpukit")
 
 __all__ = [
-    "MODES", "Session", "build", "check_batch_sizes", "count_examples", "eval_batch_size", "evaluate", "export",
-    "input_fns", "plan", "report", "run", "train",
+    "MODES",
+    "Session",
+    "build",
+    "check_batch_sizes",
+    "count_examples",
+    "eval_batch_size",
+    "evaluate",
+    "export",
+    "input_fns",
+    "plan",
+    "report",
+    "run",
+    "train",
 ]
 
 
@@ -52,7 +63,11 @@ def input_fns(recipe: Recipe, eval_examples: int, steps_per_epoch: int | None = 
     source = data.SOURCES[recipe.data.source]
     config = recipe.data
     # Float features travel in the compute dtype (bfloat16 under mixed_bfloat16: half the infeed bytes).
-    feature_dtype = keras.mixed_precision.global_policy().compute_dtype if config.cast_to_compute_dtype else None
+    feature_dtype = (
+        keras.mixed_precision.global_policy().compute_dtype
+        if config.cast_to_compute_dtype
+        else None
+    )
     pipeline_knobs = dict(
         feature_dtype=feature_dtype,
         prefetch_batches=config.prefetch_batches,
@@ -61,7 +76,9 @@ def input_fns(recipe: Recipe, eval_examples: int, steps_per_epoch: int | None = 
 
     def examples_and_cache(split, input_context, training):
         # Sources that augment at random cache before augmenting, so they take `cache` themselves.
-        reserved = data.run_args(source, training=training, cache=config.cache, skip_corrupt=config.skip_corrupt)
+        reserved = data.run_args(
+            source, training=training, cache=config.cache, skip_corrupt=config.skip_corrupt
+        )
         examples = source(split=split, input_context=input_context, **reserved, **config.options)
         return examples, config.cache and "cache" not in reserved
 
@@ -84,14 +101,22 @@ def input_fns(recipe: Recipe, eval_examples: int, steps_per_epoch: int | None = 
     def eval_fn(input_context, steps=None):
         examples, cache = examples_and_cache(config.eval_split, input_context, training=False)
         return data.eval_batches(
-            examples, eval_examples, eval_batch_size(recipe), input_context, cache=cache, repeat=True, steps=steps,
+            examples,
+            eval_examples,
+            eval_batch_size(recipe),
+            input_context,
+            cache=cache,
+            repeat=True,
+            steps=steps,
             **pipeline_knobs,
         )
 
     return train_fn, eval_fn
 
 
-def build_model(recipe: Recipe, strategy, total_steps: int, jit_compile: bool, steps_per_execution: int):
+def build_model(
+    recipe: Recipe, strategy, total_steps: int, jit_compile: bool, steps_per_execution: int
+):
     """The recipe's model, built and compiled under `strategy.scope()` (the global dtype policy is the caller's)."""
     import keras
 
@@ -101,7 +126,9 @@ def build_model(recipe: Recipe, strategy, total_steps: int, jit_compile: bool, s
 
     with strategy.scope():
         model = MODELS[recipe.model.name](**recipe.model.kwargs)
-        optimizer = build_optimizer(recipe.train, total_steps, global_batch_size=recipe.data.global_batch_size)
+        optimizer = build_optimizer(
+            recipe.train, total_steps, global_batch_size=recipe.data.global_batch_size
+        )
         model.compile(
             optimizer=optimizer,
             # Mean over the real examples only: eval batches carry zero-weight padding (see data.eval_batches).
@@ -119,9 +146,9 @@ def build_model(recipe: Recipe, strategy, total_steps: int, jit_compile: bool, s
     return model
 
 
-
-
-def _probe_steps_per_execution(recipe: Recipe, strategy, make_dataset, steps_per_epoch: int, jit: bool, start_step: int) -> int:
+def _probe_steps_per_execution(
+    recipe: Recipe, strategy, make_dataset, steps_per_epoch: int, jit: bool, start_step: int
+) -> int:
     """Times a few steps of a throwaway copy of the model (one step per call) and returns `loop.auto_...`'s pick.
 
     The pick also divides the steps left in an interrupted epoch, so a resumed run keeps whole executions.
@@ -141,16 +168,30 @@ def _probe_steps_per_execution(recipe: Recipe, strategy, make_dataset, steps_per
     probe_steps = min(steps_per_epoch, 8)
     model = build_model(recipe, strategy, steps_per_epoch, jit, steps_per_execution=1)
     timer = Timer()
-    model.fit(make_dataset(0), epochs=1, steps_per_epoch=probe_steps, verbose=0, callbacks=[timer], shuffle=False)
-    gaps = sorted(b - a for a, b in itertools.pairwise(timer.times))  # the first call (compilation) is left out
+    model.fit(
+        make_dataset(0),
+        epochs=1,
+        steps_per_epoch=probe_steps,
+        verbose=0,
+        callbacks=[timer],
+        shuffle=False,
+    )
+    gaps = sorted(
+        b - a for a, b in itertools.pairwise(timer.times)
+    )  # the first call (compilation) is left out
     seconds = gaps[len(gaps) // 2] if gaps else max(timer.times[-1] - timer.times[0], 1e-6)
     left = steps_per_epoch - start_step % steps_per_epoch
     chosen = loop.auto_steps_per_execution(
-        max(seconds, 1e-6), math.gcd(steps_per_epoch, left), recipe.runtime.steps_per_execution_target_seconds
+        max(seconds, 1e-6),
+        math.gcd(steps_per_epoch, left),
+        recipe.runtime.steps_per_execution_target_seconds,
     )
     logger.info(
         "tpukit: steps_per_execution auto -> %d (one step took %.2f ms; target %.2f s per call; %d steps per epoch)",
-        chosen, seconds * 1e3, recipe.runtime.steps_per_execution_target_seconds, steps_per_epoch,
+        chosen,
+        seconds * 1e3,
+        recipe.runtime.steps_per_execution_target_seconds,
+        steps_per_epoch,
     )
     return chosen
 
@@ -162,7 +203,9 @@ def _verbose(setting) -> int:
     return setting
 
 
-def _callbacks(recipe: Recipe, output_dir: str, throughput, steps_per_execution: int, remote_io: bool, state):
+def _callbacks(
+    recipe: Recipe, output_dir: str, throughput, steps_per_execution: int, remote_io: bool, state
+):
     from tpukit import callbacks
 
     result = [callbacks.ExactValidationLoss(), throughput]
@@ -178,13 +221,18 @@ def _callbacks(recipe: Recipe, output_dir: str, throughput, steps_per_execution:
         if recipe.runtime.profile_steps:
             # Keras' TensorBoard counts host calls (each runs steps_per_execution optimizer steps).
             first, last = recipe.runtime.profile_steps
-            profile = (math.ceil(first / steps_per_execution), math.ceil(last / steps_per_execution))
+            profile = (
+                math.ceil(first / steps_per_execution),
+                math.ceil(last / steps_per_execution),
+            )
         result.append(callbacks.TrainingScalars(log_dir, throughput))
         result.append(callbacks.StepTensorBoard(log_dir, profile_batch=profile))
     if recipe.train.early_stopping_patience is not None:
         result.append(
             callbacks.ResumableEarlyStopping(
-                state, monitor=recipe.train.early_stopping_metric, patience=recipe.train.early_stopping_patience,
+                state,
+                monitor=recipe.train.early_stopping_metric,
+                patience=recipe.train.early_stopping_patience,
                 verbose=1,
             )
         )
@@ -258,27 +306,46 @@ def build(the_plan: Plan) -> Session:
     if the_plan.steps_per_execution == "auto":
         # Before seeding, so the model trained below is initialized exactly as with a fixed value.
         try:
-            chosen = _probe_steps_per_execution(recipe, strategy, _train_dataset(the_plan), the_plan.steps_per_epoch,
-                                                the_plan.jit_compile, the_plan.resume_step)
+            chosen = _probe_steps_per_execution(
+                recipe,
+                strategy,
+                _train_dataset(the_plan),
+                the_plan.steps_per_epoch,
+                the_plan.jit_compile,
+                the_plan.resume_step,
+            )
         except ValueError as error:  # builder or optimizer arguments that do not fit together
             raise RecipeError(f"{recipe.path}: {error}") from None
         the_plan = the_plan.resolved(chosen)
     keras.utils.set_random_seed(recipe.train.seed)
     try:
-        model = build_model(recipe, strategy, the_plan.total_steps, the_plan.jit_compile, the_plan.steps_per_execution)
+        model = build_model(
+            recipe,
+            strategy,
+            the_plan.total_steps,
+            the_plan.jit_compile,
+            the_plan.steps_per_execution,
+        )
     except ValueError as error:  # builder or optimizer arguments that do not fit together
         raise RecipeError(f"{recipe.path}: {error}") from None
     # Keras 3.15's own train function fails with steps_per_execution > 1 on 2+ Mirrored replicas
     # (keras-team/keras#19246) and on every MultiWorkerMirroredStrategy; see loop.py.
     loop.use_multi_step_loop(model)
     checkpointer = checkpoint_lib.Checkpointer(
-        the_plan.checkpoint_dir, model, model.optimizer, recipe.runtime.max_checkpoints_to_keep,
+        the_plan.checkpoint_dir,
+        model,
+        model.optimizer,
+        recipe.runtime.max_checkpoints_to_keep,
         options=checkpoint_lib.io_options(the_plan.io_device),
     )
     with strategy.scope():
         try:
-            start_step = checkpointer.restore(the_plan.checkpoint if the_plan.mode == "eval" else None)
-            agreed = cluster.agree_resume_step(strategy, start_step) if the_plan.training else start_step
+            start_step = checkpointer.restore(
+                the_plan.checkpoint if the_plan.mode == "eval" else None
+            )
+            agreed = (
+                cluster.agree_resume_step(strategy, start_step) if the_plan.training else start_step
+            )
             if agreed != start_step and not agreed:
                 raise RecipeError(
                     f"another worker has no checkpoint while this one resumes at step {start_step} "
@@ -286,19 +353,41 @@ def build(the_plan: Plan) -> Session:
                     "or delete every worker's checkpoints to start over."
                 )
             if agreed != start_step:
-                start_step = checkpointer.restore(os.path.join(the_plan.checkpoint_dir, f"ckpt-{agreed}"))
-        except (checkpoint_lib.CheckpointMismatchError, checkpoint_lib.CheckpointCorruptError) as error:
+                start_step = checkpointer.restore(
+                    os.path.join(the_plan.checkpoint_dir, f"ckpt-{agreed}")
+                )
+        except (
+            checkpoint_lib.CheckpointMismatchError,
+            checkpoint_lib.CheckpointCorruptError,
+        ) as error:
             raise RecipeError(str(error)) from None
-    if the_plan.training and start_step != the_plan.resume_step:  # fell back past a damaged newest checkpoint
-        check_resume(recipe, the_plan.steps_per_epoch, the_plan.total_steps, the_plan.steps_per_execution, start_step)
+    if (
+        the_plan.training and start_step != the_plan.resume_step
+    ):  # fell back past a damaged newest checkpoint
+        check_resume(
+            recipe,
+            the_plan.steps_per_epoch,
+            the_plan.total_steps,
+            the_plan.steps_per_execution,
+            start_step,
+        )
     flops_per_example = flops.model_flops_per_example(model)
     peak_flops, peak_source = (None, "")
     if the_plan.training:
-        peak_flops, peak_source = flops.device_peak_flops(the_plan.strategy_kind, None, the_plan.replicas,
-                                                          precision=the_plan.precision)
+        peak_flops, peak_source = flops.device_peak_flops(
+            the_plan.strategy_kind, None, the_plan.replicas, precision=the_plan.precision
+        )
         logger.info("tpukit: %s", peak_source)
-    return Session(the_plan, model, checkpointer, start_step, flops_per_example, peak_flops, peak_source,
-                   Throughput(recipe.data.global_batch_size))
+    return Session(
+        the_plan,
+        model,
+        checkpointer,
+        start_step,
+        flops_per_example,
+        peak_flops,
+        peak_source,
+        Throughput(recipe.data.global_batch_size),
+    )
 
 
 def train(session: Session, callbacks: list | None = None):
@@ -309,7 +398,11 @@ def train(session: Session, callbacks: list | None = None):
     if not the_plan.training:
         return trainer.Outcome("done", {}, 0)
     if session.start_step >= the_plan.total_steps:
-        logger.info("tpukit: all %d epochs are done already (step %d)", recipe.train.epochs, session.start_step)
+        logger.info(
+            "tpukit: all %d epochs are done already (step %d)",
+            recipe.train.epochs,
+            session.start_step,
+        )
     started = time.time()
     outcome = trainer.fit_with_recovery(
         session.model,
@@ -317,8 +410,15 @@ def train(session: Session, callbacks: list | None = None):
         checkpointer=session.checkpointer,
         steps_per_epoch=the_plan.steps_per_epoch,
         epochs=recipe.train.epochs,
-        callbacks=_callbacks(recipe, the_plan.output_dir, session.throughput, the_plan.steps_per_execution,
-                             the_plan.io_device is not None, session.checkpointer.state) + list(callbacks or []),
+        callbacks=_callbacks(
+            recipe,
+            the_plan.output_dir,
+            session.throughput,
+            the_plan.steps_per_execution,
+            the_plan.io_device is not None,
+            session.checkpointer.state,
+        )
+        + list(callbacks or []),
         checkpoint_every_steps=recipe.runtime.checkpoint_every_steps,
         max_nan_retries=recipe.train.max_nan_retries,
         validation_data=_eval_dataset(the_plan) if the_plan.evaluating else None,
@@ -327,8 +427,13 @@ def train(session: Session, callbacks: list | None = None):
         verbose=_verbose(recipe.runtime.verbose),
     )
     if session.checkpointer.step > session.start_step:
-        logger.info("tpukit: trained steps %d..%d in %.1fs (%s)", session.start_step, session.checkpointer.step,
-                    time.time() - started, outcome.status)
+        logger.info(
+            "tpukit: trained steps %d..%d in %.1fs (%s)",
+            session.start_step,
+            session.checkpointer.step,
+            time.time() - started,
+            outcome.status,
+        )
     return outcome
 
 
@@ -337,10 +442,16 @@ def evaluate(session: Session, outcome) -> dict[str, float]:
     the_plan = session.plan
     if not the_plan.evaluating or outcome.status == "preempted":
         return {}
-    results = session.model.evaluate(_eval_dataset(the_plan)(), steps=the_plan.eval_steps, return_dict=True,
-                                     verbose=_verbose(the_plan.recipe.runtime.verbose))
+    results = session.model.evaluate(
+        _eval_dataset(the_plan)(),
+        steps=the_plan.eval_steps,
+        return_dict=True,
+        verbose=_verbose(the_plan.recipe.runtime.verbose),
+    )
     results = {k: float(v) for k, v in results.items()}
-    if "weighted_loss" in results:  # exact over the real examples; Keras' `loss` counts the padding batches
+    if (
+        "weighted_loss" in results
+    ):  # exact over the real examples; Keras' `loss` counts the padding batches
         results["loss"] = results["weighted_loss"]
     return results
 
@@ -379,8 +490,11 @@ def report(session: Session, outcome, evaluation: dict, exported: dict) -> dict:
         "train": {k: v[-1] for k, v in outcome.history.items() if not k.startswith("val_")},
         "validation": {k: v[-1] for k, v in outcome.history.items() if k.startswith("val_")},
         "eval": evaluation,
-        "eval_examples": (the_plan.corrupt[recipe.data.eval_split].examples(the_plan.eval_examples)
-                          if recipe.data.eval_split in the_plan.corrupt else the_plan.eval_examples),
+        "eval_examples": (
+            the_plan.corrupt[recipe.data.eval_split].examples(the_plan.eval_examples)
+            if recipe.data.eval_split in the_plan.corrupt
+            else the_plan.eval_examples
+        ),
         "skipped_corrupt": {split: report.to_json() for split, report in the_plan.corrupt.items()},
         "examples_per_second": throughput.examples_per_second,
         "steps_per_second": throughput.steps_per_second,
@@ -389,15 +503,26 @@ def report(session: Session, outcome, evaluation: dict, exported: dict) -> dict:
         "peak_flops": session.peak_flops,
         "peak_flops_dtype": flops.peak_dtype(the_plan.precision, the_plan.strategy_kind),
         "peak_flops_source": session.peak_source,
-        "mfu": flops.mfu(session.flops_per_example, throughput.examples_per_second, session.peak_flops),
+        "mfu": flops.mfu(
+            session.flops_per_example, throughput.examples_per_second, session.peak_flops
+        ),
         "exported": exported,
     }
-    path = os.path.join(the_plan.output_dir, "eval_metrics.json" if the_plan.mode == "eval" else "metrics.json")
+    path = os.path.join(
+        the_plan.output_dir, "eval_metrics.json" if the_plan.mode == "eval" else "metrics.json"
+    )
     if the_plan.training and step == session.start_step and os.path.isfile(path):
         # Nothing was trained in this call (the run was complete): keep what the training run measured.
         with open(path, encoding="utf-8") as f:
             previous = json.load(f)
-        for key in ("train", "validation", "examples_per_second", "steps_per_second", "time_to_first_step_seconds", "mfu"):
+        for key in (
+            "train",
+            "validation",
+            "examples_per_second",
+            "steps_per_second",
+            "time_to_first_step_seconds",
+            "mfu",
+        ):
             if not metrics[key] and previous.get(key):
                 metrics[key] = previous[key]
     with open(path, "w", encoding="utf-8") as f:
@@ -430,7 +555,9 @@ def run(
     """
     the_plan = plan(recipe, strategy, mode, output_dir, checkpoint)
     if the_plan.engine not in ENGINES:
-        raise RecipeError(f"engine {the_plan.engine!r} is not available; engines: {', '.join(ENGINES)}.")
+        raise RecipeError(
+            f"engine {the_plan.engine!r} is not available; engines: {', '.join(ENGINES)}."
+        )
     build_fn, train_fn, evaluate_fn, export_fn, report_fn = ENGINES[the_plan.engine]
     logger.info("%s", the_plan.describe())
     with dtype_policy(the_plan.precision), _explained(the_plan):

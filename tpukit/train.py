@@ -79,7 +79,10 @@ def main(argv: list[str]) -> int:
             if explanation is None:
                 raise
             first = (str(error).strip().splitlines() or [""])[0][:300]
-            print(f"tpukit: error: {type(error).__name__}: {first}\ntpukit: {explanation}", file=sys.stderr)
+            print(
+                f"tpukit: error: {type(error).__name__}: {first}\ntpukit: {explanation}",
+                file=sys.stderr,
+            )
             return 1
     except RecipeError as error:
         print(f"tpukit: error: {error}", file=sys.stderr)

@@ -104,7 +104,10 @@ class TrainingGuard(keras.callbacks.Callback):
                 return
             self.preempted = True
             self.model.stop_training = True
-            logger.warning("tpukit: SIGTERM received: saved step %d and stopped; run the same command to resume", step)
+            logger.warning(
+                "tpukit: SIGTERM received: saved step %d and stopped; run the same command to resume",
+                step,
+            )
             return
         if self.every and step - self._last_saved >= self.every:
             self._save()
@@ -126,7 +129,9 @@ def _any_worker_function(strategy):
 
     @tf.function
     def count(flag):
-        return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.identity(flag)), axis=None)
+        return strategy.reduce(
+            tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.identity(flag)), axis=None
+        )
 
     return lambda flag: bool(count(tf.constant(1 if flag else 0, tf.int32)) > 0)
 
@@ -136,7 +141,9 @@ class Outcome:
     status: str  # "done", "preempted", "early_stopped"
     history: dict[str, list[float]]
     nan_rollbacks: int
-    skipped_steps: int = 0  # steps of data skipped after NaN rollbacks, over the whole run (all restarts)
+    skipped_steps: int = (
+        0  # steps of data skipped after NaN rollbacks, over the whole run (all restarts)
+    )
 
 
 def fit_with_recovery(
@@ -172,21 +179,34 @@ def fit_with_recovery(
         return Outcome(status, history, rollbacks, int(state.skipped_steps.numpy()))
 
     if bool(state.stopped_early.numpy()):
-        logger.info("tpukit: this run stopped early at step %d; nothing left to train", checkpointer.step)
+        logger.info(
+            "tpukit: this run stopped early at step %d; nothing left to train", checkpointer.step
+        )
         return outcome("early_stopped")
     while checkpointer.step < total:
         step = checkpointer.step
         epoch, offset = divmod(step, steps_per_epoch)
         if offset:  # finish the interrupted epoch first, then continue with whole epochs
-            span = {"initial_epoch": epoch, "epochs": epoch + 1, "steps_per_epoch": steps_per_epoch - offset}
-            logger.info("tpukit: resuming mid-epoch at step %d: %d steps left in epoch %d", step, span["steps_per_epoch"], epoch + 1)
+            span = {
+                "initial_epoch": epoch,
+                "epochs": epoch + 1,
+                "steps_per_epoch": steps_per_epoch - offset,
+            }
+            logger.info(
+                "tpukit: resuming mid-epoch at step %d: %d steps left in epoch %d",
+                step,
+                span["steps_per_epoch"],
+                epoch + 1,
+            )
         else:
             span = {"initial_epoch": epoch, "epochs": epochs, "steps_per_epoch": steps_per_epoch}
         guard = TrainingGuard(checkpointer, checkpoint_every_steps)
         # After a SIGTERM or a NaN, Keras would still run the epoch's validation before fit returns: on a
         # preemptible VM that can outlast the notice, and on NaN weights it is wasted and pollutes the logs.
         model._should_eval = lambda epoch, freq, guard=guard: (
-            not guard.preempted and guard.diverged_at is None and keras_should_eval(model, epoch, freq)
+            not guard.preempted
+            and guard.diverged_at is None
+            and keras_should_eval(model, epoch, freq)
         )
         try:
             result = model.fit(
@@ -215,14 +235,21 @@ def fit_with_recovery(
                     )
                     + ". Fix: lower train.learning_rate, add train.warmup_steps, or check the data for NaN/inf."
                 )
-            skipped = int(state.skipped_steps.numpy())  # the restore resets it to the checkpoint's value
+            skipped = int(
+                state.skipped_steps.numpy()
+            )  # the restore resets it to the checkpoint's value
             restored = checkpointer.restore()
             window = max(guard.diverged_at - restored, 1)
             state.skipped_steps.assign(skipped + window)
             logger.warning(
                 "tpukit: non-finite loss or weights at step %d: rolled back to step %d and skipped the %d batch(es) "
                 "of data from there (%d skipped after rollbacks in all; retry %d of %d)",
-                guard.diverged_at, restored, window, int(state.skipped_steps.numpy()), rollbacks, max_nan_retries,
+                guard.diverged_at,
+                restored,
+                window,
+                int(state.skipped_steps.numpy()),
+                rollbacks,
+                max_nan_retries,
             )
             continue
         if guard.preempted:

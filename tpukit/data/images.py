@@ -24,7 +24,9 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 def check_choices(source: str, augment: str, normalize: str, image_size) -> None:
     """Raises ValueError naming the argument, the value received and the valid choices."""
     if augment not in AUGMENTS:
-        raise ValueError(f"{source}: augment must be one of {', '.join(AUGMENTS)}; received augment={augment!r}.")
+        raise ValueError(
+            f"{source}: augment must be one of {', '.join(AUGMENTS)}; received augment={augment!r}."
+        )
     if normalize not in NORMALIZES:
         raise ValueError(
             f"{source}: normalize must be one of {', '.join(NORMALIZES)}; received normalize={normalize!r}."
@@ -36,7 +38,9 @@ def check_choices(source: str, augment: str, normalize: str, image_size) -> None
         )
 
 
-def random_resized_crop(image: tf.Tensor, size: tuple[int, int], min_area: float = 0.08) -> tf.Tensor:
+def random_resized_crop(
+    image: tf.Tensor, size: tuple[int, int], min_area: float = 0.08
+) -> tf.Tensor:
     """Inception-style crop: a random box covering `min_area`..100% of the image (aspect 3/4..4/3), resized."""
     whole_image = tf.constant([0.0, 0.0, 1.0, 1.0], shape=[1, 1, 4])
     begin, crop_size, _ = tf.image.sample_distorted_bounding_box(
@@ -121,7 +125,9 @@ def preprocess(
     """
     channels = image.shape[-1]
     if channels is None:
-        raise ValueError("preprocess: the channel dimension must be static. Fix: decode with channels=1 or 3.")
+        raise ValueError(
+            "preprocess: the channel dimension must be static. Fix: decode with channels=1 or 3."
+        )
     size = (int(size[0]), int(size[1]))
     if training and augment in ("crop", "crop_flip"):
         image = random_crop(image, size, min_crop_area)

@@ -27,7 +27,9 @@ logger = logging.getLogger("tpukit")
 CACHE_MEMORY_FRACTION = 0.5
 
 
-def per_replica_batch_size(global_batch_size: int, input_context: tf.distribute.InputContext | None) -> int:
+def per_replica_batch_size(
+    global_batch_size: int, input_context: tf.distribute.InputContext | None
+) -> int:
     """The per-replica batch for a global batch, with both numbers in the error when they do not divide."""
     if input_context is None:
         return global_batch_size
@@ -40,7 +42,9 @@ def per_replica_batch_size(global_batch_size: int, input_context: tf.distribute.
     return input_context.get_per_replica_batch_size(global_batch_size)
 
 
-def shard(dataset: tf.data.Dataset, input_context: tf.distribute.InputContext | None) -> tf.data.Dataset:
+def shard(
+    dataset: tf.data.Dataset, input_context: tf.distribute.InputContext | None
+) -> tf.data.Dataset:
     """Keeps this input pipeline's share of the examples (one pipeline per host on TPU pods and multi-worker)."""
     if input_context is None or input_context.num_input_pipelines == 1:
         return dataset
@@ -93,7 +97,10 @@ def maybe_cache(
         logger.warning(
             "tpukit: not caching %s: %.1f GB would not fit in %.0f%% of the %.1f GB of available memory; "
             "the data is read again every epoch (set data.cache: false to silence this)",
-            name, total_bytes / 1e9, CACHE_MEMORY_FRACTION * 100, budget / 1e9,
+            name,
+            total_bytes / 1e9,
+            CACHE_MEMORY_FRACTION * 100,
+            budget / 1e9,
         )
         return dataset
     logger.info("tpukit: caching %s in memory (%.1f MB)", name, total_bytes / 1e6)
@@ -114,7 +121,9 @@ def cast_floats(dataset: tf.data.Dataset, dtype: str | tf.DType | None) -> tf.da
         return dataset
 
     def cast(features, *rest):
-        features = tf.nest.map_structure(lambda t: tf.cast(t, dtype) if t.dtype.is_floating else t, features)
+        features = tf.nest.map_structure(
+            lambda t: tf.cast(t, dtype) if t.dtype.is_floating else t, features
+        )
         return (features, *rest)
 
     return dataset.map(cast, num_parallel_calls=AUTOTUNE)
@@ -182,10 +191,19 @@ def training_batches(
             Without it, one shuffle is repeated (and `skip_steps` batches are read and dropped).
     """
     batch = per_replica_batch_size(global_batch_size, input_context)
-    per_step = _replicas_per_pipeline(input_context)  # per-replica batches this pipeline gives each global step
+    per_step = _replicas_per_pipeline(
+        input_context
+    )  # per-replica batches this pipeline gives each global step
     examples = maybe_cache(examples, cache, name="training examples")
     if steps_per_epoch and repeat:
-        batches = _epochs(examples, batch, steps_per_epoch * per_step, shuffle_buffer, seed, skip_steps // steps_per_epoch)
+        batches = _epochs(
+            examples,
+            batch,
+            steps_per_epoch * per_step,
+            shuffle_buffer,
+            seed,
+            skip_steps // steps_per_epoch,
+        )
         skip_steps %= steps_per_epoch
     else:
         if shuffle_buffer > 1:
@@ -196,11 +214,18 @@ def training_batches(
     if skip_steps:
         batches = batches.skip(skip_steps * per_step)
     batches = cast_floats(batches, feature_dtype)
-    return batches.prefetch(_prefetch(prefetch_batches)).with_options(options(deterministic, private_threadpool_size))
+    return batches.prefetch(_prefetch(prefetch_batches)).with_options(
+        options(deterministic, private_threadpool_size)
+    )
 
 
 def _epochs(
-    examples: tf.data.Dataset, batch: int, batches_per_epoch: int, shuffle_buffer: int, seed: int | None, first_epoch: int
+    examples: tf.data.Dataset,
+    batch: int,
+    batches_per_epoch: int,
+    shuffle_buffer: int,
+    seed: int | None,
+    first_epoch: int,
 ) -> tf.data.Dataset:
     """Epochs `first_epoch, first_epoch + 1, ...` of `batches_per_epoch` batches each, epoch `e` shuffled with a seed
     that depends only on (`seed`, `e`): the same order with or without restarts, and no epoch read to reach another.
@@ -214,11 +239,17 @@ def _epochs(
             # symbolic tf.Tensor as a Python bool"); this function's own graph gets no global seed instead.
             tf.compat.v1.get_default_graph().seed = None
             ordered = ordered.shuffle(
-                shuffle_buffer, seed=tf.constant(seed, tf.int64) * 1_000_003 + number, reshuffle_each_iteration=True
+                shuffle_buffer,
+                seed=tf.constant(seed, tf.int64) * 1_000_003 + number,
+                reshuffle_each_iteration=True,
             )
         elif shuffle_buffer > 1:
             ordered = ordered.shuffle(shuffle_buffer, seed=None, reshuffle_each_iteration=True)
-        return ordered.repeat().batch(batch, drop_remainder=True, num_parallel_calls=AUTOTUNE).take(batches_per_epoch)
+        return (
+            ordered.repeat()
+            .batch(batch, drop_remainder=True, num_parallel_calls=AUTOTUNE)
+            .take(batches_per_epoch)
+        )
 
     return tf.data.Dataset.range(first_epoch, tf.int64.max).flat_map(epoch)
 
@@ -239,7 +270,9 @@ def eval_steps(num_examples: int, global_batch_size: int, num_input_pipelines: i
     return math.ceil(math.ceil(num_examples / num_input_pipelines) / per_pipeline_batch)
 
 
-def padded_eval_steps(num_examples: int, global_batch_size: int, num_input_pipelines: int, steps_per_execution: int) -> int:
+def padded_eval_steps(
+    num_examples: int, global_batch_size: int, num_input_pipelines: int, steps_per_execution: int
+) -> int:
     """`eval_steps` rounded up to whole executions of `steps_per_execution` steps (the extra batches weigh zero)."""
     steps = eval_steps(num_examples, global_batch_size, num_input_pipelines)
     return -(-steps // steps_per_execution) * steps_per_execution
@@ -276,22 +309,32 @@ def eval_batches(
     replicas_per_pipeline = _replicas_per_pipeline(input_context)
     needed = eval_steps(num_examples, batch * replicas_per_pipeline * pipelines, pipelines)
     if steps is not None and steps < needed:
-        raise ValueError(f"steps={steps} is fewer than the {needed} eval steps that cover {num_examples} examples")
+        raise ValueError(
+            f"steps={steps} is fewer than the {needed} eval steps that cover {num_examples} examples"
+        )
     batches = (steps or needed) * replicas_per_pipeline
 
     def with_weight(weight):
         # Shaped like the label, so per-token losses ([B, T] labels of a language model) are weighted too.
-        return lambda features, label: (features, label, tf.fill(tf.shape(label), tf.constant(weight, tf.float32)))
+        return lambda features, label: (
+            features,
+            label,
+            tf.fill(tf.shape(label), tf.constant(weight, tf.float32)),
+        )
 
     examples = maybe_cache(examples, cache, name="evaluation examples")
     real = examples.map(with_weight(1.0), num_parallel_calls=AUTOTUNE)
-    zeros = tf.nest.map_structure(lambda spec: tf.zeros(spec.shape, spec.dtype), examples.element_spec)
+    zeros = tf.nest.map_structure(
+        lambda spec: tf.zeros(spec.shape, spec.dtype), examples.element_spec
+    )
     padding = tf.data.Dataset.from_tensors(zeros).map(with_weight(0.0)).repeat()
     padded = real.concatenate(padding).take(batches * batch)
     batched = cast_floats(padded.batch(batch, drop_remainder=True), feature_dtype)
     if repeat:
         batched = batched.repeat()
-    return batched.prefetch(_prefetch(prefetch_batches)).with_options(options(True, private_threadpool_size))
+    return batched.prefetch(_prefetch(prefetch_batches)).with_options(
+        options(True, private_threadpool_size)
+    )
 
 
 def distribute(strategy: tf.distribute.Strategy, dataset_fn) -> tf.distribute.DistributedDataset:

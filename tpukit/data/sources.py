@@ -52,7 +52,9 @@ def arrays(
     """In-memory arrays (NumPy or anything `np.asarray` takes), Keras-style `(x, y)`, as examples."""
     x, y = np.asarray(x), np.asarray(y)
     if len(x) != len(y):
-        raise ValueError(f"arrays: x and y must have the same length; received {len(x)} and {len(y)}.")
+        raise ValueError(
+            f"arrays: x and y must have the same length; received {len(x)} and {len(y)}."
+        )
     return shard(tf.data.Dataset.from_tensor_slices((x, y)), input_context)
 
 

@@ -19,4 +19,12 @@ MODELS = {
     "vit": vit,
 }
 
-__all__ = ["MODELS", "causal_lm", "resnet50", "resnet_cifar", "small_cnn", "transformer_classifier", "vit"]
+__all__ = [
+    "MODELS",
+    "causal_lm",
+    "resnet50",
+    "resnet_cifar",
+    "small_cnn",
+    "transformer_classifier",
+    "vit",
+]

@@ -18,7 +18,9 @@ def small_cnn(
     The logits layer is float32 even under `mixed_bfloat16`, so the softmax and loss stay in float32.
     """
     if not filters:
-        raise ValueError(f"small_cnn: filters must name at least one block; received filters={filters!r}.")
+        raise ValueError(
+            f"small_cnn: filters must name at least one block; received filters={filters!r}."
+        )
     inputs = keras.Input(shape=tuple(input_shape), name="image")
     x = inputs
     for i, width in enumerate(filters):

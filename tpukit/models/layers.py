@@ -29,7 +29,9 @@ class PositionEmbedding(layers.Layer):
     def __init__(self, sequence_length: int, initializer_stddev: float = 0.02, **kwargs):
         super().__init__(**kwargs)
         if sequence_length < 1:
-            raise ValueError(f"PositionEmbedding: sequence_length must be >= 1; received sequence_length={sequence_length}.")
+            raise ValueError(
+                f"PositionEmbedding: sequence_length must be >= 1; received sequence_length={sequence_length}."
+            )
         self.sequence_length = sequence_length
         self.initializer_stddev = initializer_stddev
 
@@ -50,7 +52,9 @@ class PositionEmbedding(layers.Layer):
 
     def get_config(self):
         config = super().get_config()
-        config.update({"sequence_length": self.sequence_length, "initializer_stddev": self.initializer_stddev})
+        config.update(
+            {"sequence_length": self.sequence_length, "initializer_stddev": self.initializer_stddev}
+        )
         return config
 
 
@@ -63,7 +67,9 @@ class ClassToken(layers.Layer):
     """
 
     def build(self, input_shape):
-        self.class_token = self.add_weight(name="class_token", shape=(1, 1, input_shape[-1]), initializer="zeros")
+        self.class_token = self.add_weight(
+            name="class_token", shape=(1, 1, input_shape[-1]), initializer="zeros"
+        )
 
     def call(self, inputs):
         token = ops.cast(self.class_token, inputs.dtype)
@@ -190,19 +196,31 @@ class TransformerBlock(layers.Layer):
 
     def build(self, input_shape):
         hidden_dim = input_shape[-1]
-        self.attention_norm = layers.LayerNormalization(epsilon=self.layer_norm_epsilon, dtype="float32", name="attention_norm")
+        self.attention_norm = layers.LayerNormalization(
+            epsilon=self.layer_norm_epsilon, dtype="float32", name="attention_norm"
+        )
         self.attention_norm.build(input_shape)
         self.attention = SelfAttention(
-            self.num_heads, causal=self.causal, dropout=self.attention_dropout, dtype=self.dtype_policy, name="attention"
+            self.num_heads,
+            causal=self.causal,
+            dropout=self.attention_dropout,
+            dtype=self.dtype_policy,
+            name="attention",
         )
         self.attention.build(input_shape)
-        self.mlp_norm = layers.LayerNormalization(epsilon=self.layer_norm_epsilon, dtype="float32", name="mlp_norm")
+        self.mlp_norm = layers.LayerNormalization(
+            epsilon=self.layer_norm_epsilon, dtype="float32", name="mlp_norm"
+        )
         self.mlp_norm.build(input_shape)
-        self.mlp_in = layers.Dense(self.mlp_dim, activation=self.activation, dtype=self.dtype_policy, name="mlp_in")
+        self.mlp_in = layers.Dense(
+            self.mlp_dim, activation=self.activation, dtype=self.dtype_policy, name="mlp_in"
+        )
         self.mlp_in.build(input_shape)
         self.mlp_out = layers.Dense(hidden_dim, dtype=self.dtype_policy, name="mlp_out")
         self.mlp_out.build(tuple(input_shape[:-1]) + (self.mlp_dim,))
-        self.attention_output_dropout = layers.Dropout(self.dropout, name="attention_output_dropout")
+        self.attention_output_dropout = layers.Dropout(
+            self.dropout, name="attention_output_dropout"
+        )
         self.mlp_output_dropout = layers.Dropout(self.dropout, name="mlp_output_dropout")
 
     def call(self, inputs, padding_mask=None, training=None):

@@ -27,13 +27,21 @@ class _Norms:
 
     def __call__(self, name: str, last_in_branch: bool = False) -> layers.BatchNormalization:
         gamma = "zeros" if last_in_branch and self.zero_init_residual else "ones"
-        return layers.BatchNormalization(momentum=self.momentum, epsilon=self.epsilon, gamma_initializer=gamma, name=name)
+        return layers.BatchNormalization(
+            momentum=self.momentum, epsilon=self.epsilon, gamma_initializer=gamma, name=name
+        )
 
 
 def _conv(filters: int, kernel_size: int, strides: int, name: str) -> layers.Conv2D:
     # No bias: the BatchNorm right after has its own offset.
     return layers.Conv2D(
-        filters, kernel_size, strides=strides, padding="same", use_bias=False, kernel_initializer="he_normal", name=name
+        filters,
+        kernel_size,
+        strides=strides,
+        padding="same",
+        use_bias=False,
+        kernel_initializer="he_normal",
+        name=name,
     )
 
 
@@ -105,7 +113,9 @@ def resnet_cifar(
     for stage in range(3):
         for block in range(blocks):
             strides = 2 if stage > 0 and block == 0 else 1
-            x = _basic_block(x, width * 2**stage, strides, norm, f"stage{stage + 1}_block{block + 1}")
+            x = _basic_block(
+                x, width * 2**stage, strides, norm, f"stage{stage + 1}_block{block + 1}"
+            )
     return keras.Model(images, _head(x, num_classes), name=f"resnet{depth}_cifar")
 
 

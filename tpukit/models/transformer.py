@@ -23,12 +23,26 @@ def _check_dims(builder: str, hidden_dim: int, num_heads: int) -> None:
         )
 
 
-def _encoder(token_ids, *, vocab_size, sequence_length, num_layers, hidden_dim, num_heads, mlp_dim, dropout, causal, padding_mask):
+def _encoder(
+    token_ids,
+    *,
+    vocab_size,
+    sequence_length,
+    num_layers,
+    hidden_dim,
+    num_heads,
+    mlp_dim,
+    dropout,
+    causal,
+    padding_mask,
+):
     x = layers.Embedding(vocab_size, hidden_dim, name="token_embedding")(token_ids)
     x = PositionEmbedding(sequence_length, name="position_embedding")(x)
     x = layers.Dropout(dropout, name="embedding_dropout")(x)
     for i in range(num_layers):
-        block = TransformerBlock(num_heads, mlp_dim, dropout=dropout, causal=causal, name=f"block{i}")
+        block = TransformerBlock(
+            num_heads, mlp_dim, dropout=dropout, causal=causal, name=f"block{i}"
+        )
         x = block(x, padding_mask=padding_mask)
     return layers.LayerNormalization(epsilon=1e-6, dtype="float32", name="final_norm")(x)
 
@@ -65,8 +79,16 @@ def transformer_classifier(
     token_ids = keras.Input(shape=(sequence_length,), dtype="int32", name="token_ids")
     padding_mask = None if pad_token_id is None else ops.not_equal(token_ids, pad_token_id)
     x = _encoder(
-        token_ids, vocab_size=vocab_size, sequence_length=sequence_length, num_layers=num_layers, hidden_dim=hidden_dim,
-        num_heads=num_heads, mlp_dim=mlp_dim, dropout=dropout, causal=False, padding_mask=padding_mask,
+        token_ids,
+        vocab_size=vocab_size,
+        sequence_length=sequence_length,
+        num_layers=num_layers,
+        hidden_dim=hidden_dim,
+        num_heads=num_heads,
+        mlp_dim=mlp_dim,
+        dropout=dropout,
+        causal=False,
+        padding_mask=padding_mask,
     )
     if pooling == "first":
         pooled = x[:, 0]
@@ -107,8 +129,16 @@ def causal_lm(
     _check_dims("causal_lm", hidden_dim, num_heads)
     token_ids = keras.Input(shape=(sequence_length,), dtype="int32", name="token_ids")
     x = _encoder(
-        token_ids, vocab_size=vocab_size, sequence_length=sequence_length, num_layers=num_layers, hidden_dim=hidden_dim,
-        num_heads=num_heads, mlp_dim=mlp_dim, dropout=dropout, causal=True, padding_mask=None,
+        token_ids,
+        vocab_size=vocab_size,
+        sequence_length=sequence_length,
+        num_layers=num_layers,
+        hidden_dim=hidden_dim,
+        num_heads=num_heads,
+        mlp_dim=mlp_dim,
+        dropout=dropout,
+        causal=True,
+        padding_mask=None,
     )
     logits = layers.Dense(vocab_size, dtype="float32", name="logits")(x)
     return keras.Model(token_ids, logits, name="causal_lm")

@@ -36,7 +36,9 @@ def vit(
             averages the patch tokens (big_vision's `gap`, often better for small data).
     """
     if len(input_shape) != 3:
-        raise ValueError(f"vit: input_shape must be (height, width, channels); received input_shape={input_shape!r}.")
+        raise ValueError(
+            f"vit: input_shape must be (height, width, channels); received input_shape={input_shape!r}."
+        )
     height, width, _ = input_shape
     if height % patch_size or width % patch_size:
         raise ValueError(
@@ -49,7 +51,9 @@ def vit(
         )
     patches = (height // patch_size) * (width // patch_size)
     images = keras.Input(shape=tuple(input_shape), name="image")
-    x = layers.Conv2D(hidden_dim, patch_size, strides=patch_size, padding="valid", name="patch_embedding")(images)
+    x = layers.Conv2D(
+        hidden_dim, patch_size, strides=patch_size, padding="valid", name="patch_embedding"
+    )(images)
     x = layers.Reshape((patches, hidden_dim), name="patch_tokens")(x)
     if pooling == "class_token":
         x = ClassToken(name="class_token")(x)
