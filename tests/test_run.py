@@ -108,3 +108,56 @@ def test_the_whole_run_with_an_xla_compiled_train_step(tmp_path):
     metrics = run(recipe(**{"runtime.jit_compile": True}), str(tmp_path))
     assert metrics["jit_compile"] is True
     assert metrics["eval"]["accuracy"] > 0.5
+
+
+class LoopProbe:
+    """Records whether fit ran tpukit's multi-step function or Keras' own."""
+
+    def __new__(cls):
+        import keras
+
+        class Probe(keras.callbacks.Callback):
+            ours = None
+
+            def on_train_batch_end(self, batch, logs=None):
+                if self.ours is None:
+                    self.ours = getattr(self.model.train_function, "tpukit_multi_step", False)
+
+        return Probe()
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_runtime_loop_tpukit_trains_like_keras_own_loop(tmp_path, replicas):
+    # The escape hatch for a TPU whose Keras loop fails: tpukit's loop on any strategy, same numbers as Keras'.
+    import keras
+    import numpy as np
+
+    strategy = mirrored(2) if replicas == 2 else None
+    results = {}
+    for loop in ("keras", "tpukit"):
+        probe = LoopProbe()
+        overrides = {
+            "runtime.loop": loop,
+            "runtime.steps_per_execution": 4 if replicas == 1 else 1,
+            "data.deterministic": True,
+        }
+        metrics = run(
+            recipe(**overrides), str(tmp_path / loop), strategy=strategy, callbacks=[probe]
+        )
+        assert probe.ours is (loop == "tpukit") and metrics["step"] == 44
+        results[loop] = keras.saving.load_model(str(tmp_path / loop / "model.keras")).get_weights()
+    for a, b in zip(results["keras"], results["tpukit"], strict=True):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
+
+
+def test_runtime_loop_keras_where_keras_fails_is_refused_before_training(tmp_path):
+    with pytest.raises(
+        RecipeError,
+        match="runtime.loop=keras on this strategy: Keras' fit fails with steps_per_execution",
+    ):
+        run(
+            recipe(**{"runtime.loop": "keras", "runtime.steps_per_execution": 4}),
+            str(tmp_path / "out"),
+            strategy=mirrored(2),
+        )
+    assert not (tmp_path / "out").exists()

@@ -51,6 +51,8 @@ def _needs_loop(model) -> bool:
 
     if not getattr(model, "compiled", False) or model.run_eagerly:
         return False
+    if getattr(model, "_tpukit_loop", "auto") != "auto":  # runtime.loop: keras | tpukit
+        return model._tpukit_loop == "tpukit"
     strategy = model.distribute_strategy
     if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         return True
@@ -165,7 +167,22 @@ def _make_test_function(self, force=False):
     return self.test_function
 
 
-def use_multi_step_loop(model) -> bool:
+def keras_loop_fails(strategy, steps_per_execution: int) -> str | None:
+    """Why Keras 3.15's own train function fails on this strategy and `steps_per_execution`, or None."""
+    import tensorflow as tf
+
+    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return "Keras' fit fails on any MultiWorkerMirroredStrategy (its symbolic build and output reduction)"
+    if (
+        isinstance(strategy, tf.distribute.MirroredStrategy)
+        and strategy.num_replicas_in_sync > 1
+        and steps_per_execution > 1
+    ):
+        return "Keras' fit fails with steps_per_execution > 1 on 2+ MirroredStrategy replicas (keras-team/keras#19246)"
+    return None
+
+
+def use_multi_step_loop(model, loop: str = "auto") -> bool:
     """Makes `fit`/`evaluate` work where Keras 3.15's own functions fail: `steps_per_execution` > 1 on a
     multi-replica MirroredStrategy, and any MultiWorkerMirroredStrategy (where the symbolic build is replaced too).
 
@@ -178,11 +195,15 @@ def use_multi_step_loop(model) -> bool:
 
     Args:
         model: a compiled Keras 3 model (TensorFlow backend).
+        loop: "auto" (tpukit's loop only where Keras' fails), "tpukit" (always, e.g. on a TPUStrategy whose Keras
+            loop fails on the device: the escape hatch `runtime.loop: tpukit`), or "keras" (never).
 
     Returns:
-        True if the model now uses the loop (compiled, not `run_eagerly`, `steps_per_execution` > 1 and more than
-        one replica in sync); False if the model was left untouched.
+        True if the model now uses the loop; False if the model was left untouched.
     """
+    if loop not in ("auto", "keras", "tpukit"):
+        raise ValueError(f"loop must be 'auto', 'keras' or 'tpukit'. Received: loop={loop!r}")
+    model._tpukit_loop = loop
     if not _needs_loop(model):
         return False
     if getattr(model.make_train_function, "__func__", None) is not _make_train_function:
@@ -194,7 +215,7 @@ def use_multi_step_loop(model) -> bool:
     model.train_function = None
     model.test_function = None
     logger.info(
-        "tpukit: steps_per_execution=%d over %d replicas runs in tpukit's while-loop (keras-team/keras#19246)",
+        "tpukit: steps_per_execution=%d over %d replica(s) runs in tpukit's while-loop (keras-team/keras#19246)",
         int(model.steps_per_execution),
         model.distribute_strategy.num_replicas_in_sync,
     )

@@ -254,6 +254,18 @@ def _check_steps_per_execution(recipe: Recipe, kind: str, steps_per_epoch: int) 
             raise RecipeError(f"{recipe.path}: runtime.{error}") from None
 
 
+def _check_loop(recipe: Recipe, strategy) -> None:
+    from tpukit import loop
+
+    value = recipe.runtime.steps_per_execution
+    why = loop.keras_loop_fails(strategy, 2 if value == "auto" else value)
+    if recipe.runtime.loop == "keras" and why:
+        raise RecipeError(
+            f"{recipe.path}: runtime.loop=keras on this strategy: {why}. Fix: --set runtime.loop=auto (tpukit's loop "
+            "where Keras' fails) or runtime.loop=tpukit."
+        )
+
+
 def _scan_corrupt(recipe: Recipe, evaluating: bool) -> dict:
     """With data.skip_corrupt: one pass per split that counts and names the records the pipeline will drop."""
     from tpukit import data
@@ -325,6 +337,7 @@ def plan(
     steps_per_epoch = check_batch_sizes(recipe, replicas, train_examples)
     total_steps = steps_per_epoch * recipe.train.epochs
     _check_steps_per_execution(recipe, kind, steps_per_epoch)
+    _check_loop(recipe, strategy)
     try:
         jit = performance.choose_jit_compile(recipe.runtime.jit_compile, kind, replicas)
     except ValueError as error:

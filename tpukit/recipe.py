@@ -146,6 +146,10 @@ class RuntimeConfig:
     verbose: int | Literal["auto"] = (
         "auto"  # auto: progress bar on a terminal, one line per epoch otherwise
     )
+    # Who runs the steps: auto = Keras' own train function, except where it fails (2+ Mirrored replicas with
+    # steps_per_execution > 1, MultiWorkerMirroredStrategy), which get tpukit's Orbit-style loop (tpukit/loop.py);
+    # tpukit = tpukit's loop everywhere (the escape hatch when Keras' loop fails on a TPU); keras = Keras' always.
+    loop: Literal["auto", "keras", "tpukit"] = "auto"
 
     def __post_init__(self):
         _validate_runtime(self)

@@ -330,7 +330,7 @@ def build(the_plan: Plan) -> Session:
         raise RecipeError(f"{recipe.path}: {error}") from None
     # Keras 3.15's own train function fails with steps_per_execution > 1 on 2+ Mirrored replicas
     # (keras-team/keras#19246) and on every MultiWorkerMirroredStrategy; see loop.py.
-    loop.use_multi_step_loop(model)
+    loop.use_multi_step_loop(model, recipe.runtime.loop)
     checkpointer = checkpoint_lib.Checkpointer(
         the_plan.checkpoint_dir,
         model,
