@@ -91,20 +91,18 @@ def test_the_cli_trains_a_recipe_on_a_two_worker_cluster(tmp_path):
     codes = start_workers(tmp_path, args)
     logs = [(tmp_path / f"worker{i}.log").read_text() for i in range(2)]
     assert codes == [0, 0], logs[0][-3000:]
-    # The chief writes OUTPUT_DIR; the other worker takes part in every save under OUTPUT_DIR/worker1.
-    metrics = [
-        json.loads(path.read_text())
-        for path in (output_dir / "metrics.json", output_dir / "worker1" / "metrics.json")
-    ]
-    assert [m["strategy"] for m in metrics] == [
-        "CollectiveAllReduceStrategy"
-    ] * 2  # MultiWorkerMirroredStrategy
-    assert [m["replicas"] for m in metrics] == [2, 2]
-    assert metrics[0]["step"] == metrics[1]["step"] == 1437 // 32
-    assert (
-        metrics[0]["eval"] == metrics[1]["eval"]
-    )  # one model, evaluated over both workers' shards
-    assert metrics[0]["eval_examples"] == 360 and metrics[0]["eval"]["accuracy"] > 0.5
+    # The chief writes OUTPUT_DIR; the other worker takes part in every save under OUTPUT_DIR/worker1 and keeps
+    # only its checkpoints (it resumes from them): no summaries, model, best.keras or metrics.json of its own.
+    metrics = json.loads((output_dir / "metrics.json").read_text())
+    assert metrics["strategy"] == "CollectiveAllReduceStrategy"  # MultiWorkerMirroredStrategy
+    assert metrics["replicas"] == 2 and metrics["step"] == 1437 // 32
+    assert metrics["eval_examples"] == 360 and metrics["eval"]["accuracy"] > 0.5
+    assert (output_dir / "model.keras").is_file() and (output_dir / "logs").is_dir()
+    assert sorted(p.name for p in (output_dir / "worker1").iterdir()) == ["checkpoints"]
+    assert (output_dir / "worker1" / "checkpoints" / "ckpt-44.index").is_file()
+    # One model, evaluated over both workers' shards: both print the same evaluation.
+    summaries = [log.split("tpukit: done")[1].split(";")[0] for log in logs]
+    assert summaries[0] == summaries[1]
     assert "TF_CONFIG describes a cluster of 2 worker(s)" in logs[0]
     assert "not the chief" in logs[1] and "not the chief" not in logs[0]
 
@@ -137,16 +135,16 @@ def test_sigterm_on_one_worker_stops_every_worker_at_the_same_step_and_all_resum
     logs = [(tmp_path / f"worker{i}.log").read_text() for i in range(2)]
     assert codes == [143, 143], logs[0][-3000:] + logs[1][-3000:]
     assert all("stopped by SIGTERM at step 10" in log for log in logs)
+    assert json.loads((output_dir / "metrics.json").read_text())["status"] == "preempted"
     for directory in (output_dir, output_dir / "worker1"):
-        assert json.loads((directory / "metrics.json").read_text())["status"] == "preempted"
-        assert json.loads((directory / "metrics.json").read_text())["step"] == 10
+        assert (directory / "checkpoints" / "ckpt-10.index").is_file()
 
     codes = start_workers(tmp_path, args)  # the same command on every worker
     logs = [(tmp_path / f"worker{i}.log").read_text() for i in range(2)]
     assert codes == [0, 0], logs[0][-3000:]
-    for directory in (output_dir, output_dir / "worker1"):
-        metrics = json.loads((directory / "metrics.json").read_text())
-        assert metrics["resumed_from_step"] == 10 and metrics["step"] == 44
+    metrics = json.loads((output_dir / "metrics.json").read_text())
+    assert metrics["resumed_from_step"] == 10 and metrics["step"] == 44
+    assert all("resuming mid-epoch at step 10" in log for log in logs)
 
 
 def _digits_args(output_dir, *extra):
@@ -228,13 +226,13 @@ def test_a_killed_worker_stops_the_other_with_a_clear_message_and_all_resume(tmp
     codes = start_workers(tmp_path, _digits_args(output_dir))  # the same command on every worker
     logs = [(tmp_path / f"worker{i}.log").read_text() for i in range(2)]
     assert codes == [0, 0], logs[0][-3000:] + logs[1][-3000:]
-    resumed = [
-        json.loads((d / "metrics.json").read_text()) for d in (output_dir, output_dir / "worker1")
-    ]
-    assert (
-        resumed[0]["resumed_from_step"] == resumed[1]["resumed_from_step"] >= 20
-    )  # one step for both
-    assert resumed[0]["step"] == resumed[1]["step"] == 2 * (1437 // 32)
+    resumed = json.loads((output_dir / "metrics.json").read_text())
+    assert resumed["resumed_from_step"] >= 20 and resumed["step"] == 2 * (1437 // 32)
+    # Both workers restored the same step: the oldest of their newest checkpoints.
+    import re
+
+    restored = [re.findall(r"(?:restored|resumed from) \S+ckpt-(\d+)", log) for log in logs]
+    assert [int(r[-1]) for r in restored] == [resumed["resumed_from_step"]] * 2, restored
 
 
 def test_workers_started_with_different_recipes_are_refused_before_training(tmp_path):

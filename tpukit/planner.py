@@ -111,6 +111,9 @@ class Plan:
     checkpoint: str | None  # mode eval: the checkpoint to evaluate (None: the newest)
     resume_step: int  # from the newest checkpoint's name; 0 for a new run
     io_device: str | None  # remote TPU + local output dir: file I/O through this device
+    worker: str | None = (
+        None  # a non-chief multi-worker task ("worker1"): checkpoints only, under output_dir
+    )
     # data.skip_corrupt: {split: tpukit.data.CorruptReport} of the records the pipeline will drop
     corrupt: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
     engine: str = ENGINE
@@ -118,6 +121,11 @@ class Plan:
     @property
     def evaluating(self) -> bool:
         return self.eval_steps is not None
+
+    @property
+    def chief(self) -> bool:
+        """The task that writes summaries, the model, best.keras and metrics.json (every task writes checkpoints)."""
+        return self.worker is None
 
     @property
     def training(self) -> bool:
@@ -377,5 +385,6 @@ def plan(
         resume_step=resume_step,
         io_device=io_device_for(strategy, output_dir),
         corrupt=corrupt,
+        worker=subdir,
     )
     return result if steps_per_execution == "auto" else result.resolved(steps_per_execution)

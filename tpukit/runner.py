@@ -204,12 +204,20 @@ def _verbose(setting) -> int:
 
 
 def _callbacks(
-    recipe: Recipe, output_dir: str, throughput, steps_per_execution: int, remote_io: bool, state
+    recipe: Recipe,
+    output_dir: str,
+    throughput,
+    steps_per_execution: int,
+    remote_io: bool,
+    state,
+    chief: bool = True,
 ):
     from tpukit import callbacks
 
     result = [callbacks.ExactValidationLoss(), throughput]
-    if remote_io:
+    if not chief:
+        pass  # only the chief writes summaries and best.keras (every worker writes its checkpoints)
+    elif remote_io:
         # Summary writers are eager ops on the remote TPU host, which cannot reach this machine's disk.
         logger.warning(
             "tpukit: remote TPU with a local output dir: TensorBoard logs are off (checkpoints and exports are "
@@ -236,7 +244,7 @@ def _callbacks(
                 verbose=1,
             )
         )
-    if recipe.train.export_best_by:
+    if recipe.train.export_best_by and chief:
         result.append(
             callbacks.ResumableModelCheckpoint(
                 state, os.path.join(output_dir, "best.keras"), monitor=recipe.train.export_best_by
@@ -417,6 +425,7 @@ def train(session: Session, callbacks: list | None = None):
             the_plan.steps_per_execution,
             the_plan.io_device is not None,
             session.checkpointer.state,
+            chief=the_plan.chief,
         )
         + list(callbacks or []),
         checkpoint_every_steps=recipe.runtime.checkpoint_every_steps,
@@ -461,6 +470,14 @@ def export(session: Session, outcome) -> dict[str, str]:
     from tpukit.export import export_model
 
     if not session.plan.training or outcome.status == "preempted":
+        return {}
+    if not session.plan.chief:
+        # Every worker takes part (SavedModel saving may read distributed variables collectively, as in TF's
+        # multi-worker guide); only the chief keeps the files.
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="tpukit-export-") as scratch:
+            export_model(session.model, scratch, io_device=session.plan.io_device)
         return {}
     return export_model(session.model, session.plan.output_dir, io_device=session.plan.io_device)
 
@@ -525,8 +542,11 @@ def report(session: Session, outcome, evaluation: dict, exported: dict) -> dict:
         ):
             if not metrics[key] and previous.get(key):
                 metrics[key] = previous[key]
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(metrics, f, indent=2)
+    if (
+        the_plan.chief
+    ):  # the other workers' metrics are the chief's (one model, one eval over all shards)
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(metrics, f, indent=2)
     return metrics
 
 
@@ -564,7 +584,7 @@ def run(
         session = build_fn(the_plan)
         # Validation is over: from here on the output directory is written.
         os.makedirs(session.plan.output_dir, exist_ok=True)
-        if session.plan.training:
+        if session.plan.training and session.plan.chief:
             save_recipe(recipe, os.path.join(session.plan.output_dir, "recipe.yaml"))
         outcome = train_fn(session, callbacks)
         evaluation = evaluate_fn(session, outcome)
