@@ -42,3 +42,17 @@ def _float32_policy():
 
     yield
     keras.mixed_precision.set_global_policy("float32")
+
+
+@pytest.fixture(autouse=True)
+def _registries_restored():
+    """Names a test registers (register_model/register_source, module:function names, tpukit.fit) do not leak into
+    the next test."""
+    from tpukit.data import SOURCES
+    from tpukit.models import MODELS
+
+    saved = dict(MODELS), dict(SOURCES)
+    yield
+    for registry, before in zip((MODELS, SOURCES), saved, strict=True):
+        registry.clear()
+        registry.update(before)

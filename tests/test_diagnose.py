@@ -58,6 +58,13 @@ REPORTED = [
         "tpu_api_client_missing",
         ["google-api-python-client oauth2client", "tpukit[tpu,tpu-name]"],
     ),
+    (
+        # Measured here: the chief's error ~10 s after the other worker of a 2-worker cluster was SIGKILLed.
+        "InternalError: Collective ops is aborted by: Error reported from /job:worker/task:1: The following tasks are "
+        "unhealthy (stopped sending heartbeats):\n/job:worker/replica:0/task:1\nThe tasks have crashed.",
+        "worker_lost",
+        ["another worker", "start the same command on every worker again"],
+    ),
 ]
 
 

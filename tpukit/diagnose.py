@@ -195,7 +195,7 @@ KNOWN_ERRORS: tuple[KnownError, ...] = (
             "newest checkpoint every worker has and resume from it. Check the stopped worker's log for its cause."
         ),
         reports=(
-            "tensorflow.org/tutorials/distribute/multi_worker_with_keras (fault tolerance)",
+            "github.com/tensorflow/docs/blob/master/site/en/tutorials/distribute/multi_worker_with_keras.ipynb",
             "github.com/tensorflow/tensorflow/blob/v2.21.0/tensorflow/core/protobuf/coordination_config.proto",
         ),
     ),
