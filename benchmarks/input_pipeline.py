@@ -31,18 +31,32 @@ from tpukit.recipe import from_dict  # noqa: E402
 from tpukit.runner import build_model, input_fns  # noqa: E402
 
 
-def write_jpeg_tfrecords(directory: str, split: str, files: int, per_file: int, shape: tuple[int, int]) -> str:
+def write_jpeg_tfrecords(
+    directory: str, split: str, files: int, per_file: int, shape: tuple[int, int]
+) -> str:
     """Synthetic ImageNet-layout TFRecords: smooth random images (JPEG-compressible, like photos)."""
     rng = np.random.default_rng(0)
     for k in range(files):
-        with tf.io.TFRecordWriter(os.path.join(directory, f"{split}-{k:05d}-of-{files:05d}")) as writer:
+        with tf.io.TFRecordWriter(
+            os.path.join(directory, f"{split}-{k:05d}-of-{files:05d}")
+        ) as writer:
             for i in range(per_file):
                 small = rng.integers(0, 256, (shape[0] // 8, shape[1] // 8, 3), dtype=np.uint8)
                 image = tf.cast(tf.image.resize(small, shape), tf.uint8)
-                example = tf.train.Example(features=tf.train.Features(feature={
-                    "image/encoded": tf.train.Feature(bytes_list=tf.train.BytesList(value=[tf.io.encode_jpeg(image).numpy()])),
-                    "image/class/label": tf.train.Feature(int64_list=tf.train.Int64List(value=[1 + i % 10])),
-                }))
+                example = tf.train.Example(
+                    features=tf.train.Features(
+                        feature={
+                            "image/encoded": tf.train.Feature(
+                                bytes_list=tf.train.BytesList(
+                                    value=[tf.io.encode_jpeg(image).numpy()]
+                                )
+                            ),
+                            "image/class/label": tf.train.Feature(
+                                int64_list=tf.train.Int64List(value=[1 + i % 10])
+                            ),
+                        }
+                    )
+                )
                 writer.write(example.SerializeToString())
     return os.path.join(directory, "{split}-*")
 
@@ -56,33 +70,70 @@ def cases(root: str) -> list[tuple[str, dict]]:
     cifar_pattern = write_jpeg_tfrecords(cifar, "train", 8, 512, (32, 32))
     imagenet_pattern = write_jpeg_tfrecords(imagenet, "train", 8, 48, (375, 500))
     train = {"epochs": 1, "learning_rate": 0.01}
-    cifar_data = {"source": "tfrecord_images", "file_pattern": cifar_pattern, "image_size": [32, 32],
-                  "augment": "crop_flip", "normalize": "unit", "label_offset": -1}
+    cifar_data = {
+        "source": "tfrecord_images",
+        "file_pattern": cifar_pattern,
+        "image_size": [32, 32],
+        "augment": "crop_flip",
+        "normalize": "unit",
+        "label_offset": -1,
+    }
     lm_data = {"source": "text_files", "sequence_length": 128}
     return [
-        ("digits -> small_cnn", {
-            "model": {"name": "small_cnn", "input_shape": [8, 8, 1]},
-            "data": {"source": "digits", "global_batch_size": 64, "shuffle_buffer": 2048}, "train": train}),
-        ("tfrecord 32px jpeg -> resnet_cifar(20)", {
-            "model": {"name": "resnet_cifar", "depth": 20},
-            "data": {**cifar_data, "global_batch_size": 128}, "train": train}),
-        ("tfrecord 32px jpeg -> vit", {
-            "model": {"name": "vit"},
-            "data": {**cifar_data, "global_batch_size": 128}, "train": train}),
-        ("tfrecord 500x375 jpeg -> resnet50 @224", {
-            "model": {"name": "resnet50", "num_classes": 10},
-            "data": {"source": "tfrecord_images", "file_pattern": imagenet_pattern, "label_offset": -1,
-                     "global_batch_size": 32}, "train": train}),
-        ("text_files stdlib -> causal_lm", {
-            "model": {"name": "causal_lm", "vocab_size": 256, "sequence_length": 128},
-            "data": {**lm_data, "global_batch_size": 32}, "train": train}),
+        (
+            "digits -> small_cnn",
+            {
+                "model": {"name": "small_cnn", "input_shape": [8, 8, 1]},
+                "data": {"source": "digits", "global_batch_size": 64, "shuffle_buffer": 2048},
+                "train": train,
+            },
+        ),
+        (
+            "tfrecord 32px jpeg -> resnet_cifar(20)",
+            {
+                "model": {"name": "resnet_cifar", "depth": 20},
+                "data": {**cifar_data, "global_batch_size": 128},
+                "train": train,
+            },
+        ),
+        (
+            "tfrecord 32px jpeg -> vit",
+            {
+                "model": {"name": "vit"},
+                "data": {**cifar_data, "global_batch_size": 128},
+                "train": train,
+            },
+        ),
+        (
+            "tfrecord 500x375 jpeg -> resnet50 @224",
+            {
+                "model": {"name": "resnet50", "num_classes": 10},
+                "data": {
+                    "source": "tfrecord_images",
+                    "file_pattern": imagenet_pattern,
+                    "label_offset": -1,
+                    "global_batch_size": 32,
+                },
+                "train": train,
+            },
+        ),
+        (
+            "text_files stdlib -> causal_lm",
+            {
+                "model": {"name": "causal_lm", "vocab_size": 256, "sequence_length": 128},
+                "data": {**lm_data, "global_batch_size": 32},
+                "train": train,
+            },
+        ),
     ]
 
 
 def pipeline_rate(dataset: tf.data.Dataset, batch: int, seconds: float) -> tuple[float, object]:
     iterator = iter(dataset)
     first = next(iterator)
-    warm_until = time.perf_counter() + seconds / 2  # fills caches and shuffle buffers, lets autotune settle
+    warm_until = (
+        time.perf_counter() + seconds / 2
+    )  # fills caches and shuffle buffers, lets autotune settle
     while time.perf_counter() < warm_until:
         next(iterator)
     count, start = 0, time.perf_counter()
@@ -115,7 +166,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as root:
         for name, raw in cases(root):
             if raw["model"]["name"] not in MODELS:
-                rows.append((name, None, None, f"model {raw['model']['name']!r} not in MODELS: skipped"))
+                rows.append(
+                    (name, None, None, f"model {raw['model']['name']!r} not in MODELS: skipped")
+                )
                 continue
             recipe = from_dict(raw, path=name)
             batch = recipe.data.global_batch_size
@@ -125,7 +178,9 @@ def main() -> None:
             rows.append((name, pipe, step, ""))
             print(f"{name}: pipeline {pipe:,.0f}/s, train step {step:,.0f}/s", flush=True)
     print()
-    print(f"host: {os.cpu_count()} CPU cores, TensorFlow {tf.__version__}, default strategy (one device)")
+    print(
+        f"host: {os.cpu_count()} CPU cores, TensorFlow {tf.__version__}, default strategy (one device)"
+    )
     print(f"| {'case':45} | {'pipeline ex/s':>13} | {'train step ex/s':>15} | {'ratio':>6} |")
     print(f"|{'-' * 47}|{'-' * 15}|{'-' * 17}|{'-' * 8}|")
     for name, pipe, step, note in rows:

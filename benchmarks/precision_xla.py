@@ -30,7 +30,9 @@ def steps_per_second(recipe, precision: str, jit: bool, steps: int) -> float:
     keras.utils.set_random_seed(0)
     strategy = tf.distribute.get_strategy()
     train_fn, _ = input_fns(recipe, 0)
-    model = build_model(recipe, strategy, total_steps=steps + 10, jit_compile=jit, steps_per_execution=1)
+    model = build_model(
+        recipe, strategy, total_steps=steps + 10, jit_compile=jit, steps_per_execution=1
+    )
     dataset = data.distribute(strategy, train_fn)
     model.fit(dataset, epochs=1, steps_per_epoch=10, verbose=0)  # compile and warm up
     start = time.perf_counter()
@@ -50,8 +52,10 @@ def main() -> int:
         for jit in (False, True):
             results[(precision, jit)] = steps_per_second(recipe, precision, jit, args.steps)
     baseline = results[("float32", False)]
-    print(f"{recipe.path}: {args.steps} steps, global batch {recipe.data.global_batch_size}, "
-          f"TF {tf.__version__}, Keras {keras.__version__}")
+    print(
+        f"{recipe.path}: {args.steps} steps, global batch {recipe.data.global_batch_size}, "
+        f"TF {tf.__version__}, Keras {keras.__version__}"
+    )
     print(f"{'precision':<16}{'XLA':<6}{'steps/s':>10}{'vs float32 no-XLA':>20}")
     for (precision, jit), rate in results.items():
         print(f"{precision:<16}{'on' if jit else 'off':<6}{rate:>10.1f}{rate / baseline:>19.2f}x")

@@ -111,7 +111,9 @@ class TrainingScalars(_ExcludesValidation):
             steps, seconds = step - self._last[1], now - self._last[0] - self._validation_seconds
             if steps > 0 and seconds > 0:
                 tf.summary.scalar("steps_per_second", steps / seconds)
-                tf.summary.scalar("examples_per_second", steps * self.throughput.global_batch_size / seconds)
+                tf.summary.scalar(
+                    "examples_per_second", steps * self.throughput.global_batch_size / seconds
+                )
         self._writer.flush()
         self._last = (now, step)
         self._validation_seconds = 0.0
