@@ -291,6 +291,18 @@ def _scan_corrupt(recipe: Recipe, evaluating: bool) -> dict:
     return reports
 
 
+def _count_data(recipe: Recipe, evaluating: bool) -> tuple[int, int, dict]:
+    """(train examples, eval examples, corrupt-record reports); a source's ValueError becomes a RecipeError."""
+    try:
+        train_examples = count_examples(recipe, recipe.data.train_split)
+        eval_examples = count_examples(recipe, recipe.data.eval_split) if evaluating else 0
+        return train_examples, eval_examples, _scan_corrupt(recipe, evaluating)
+    except (
+        ValueError
+    ) as error:  # the source rejects a split or an argument, or a record is corrupt (named)
+        raise RecipeError(f"{recipe.path}: data: {error}") from None
+
+
 def _connect(recipe: Recipe, strategy):
     from tpukit.strategy import connect
 
@@ -334,14 +346,7 @@ def plan(
         )
     checkpoint_dir = os.path.join(output_dir, "checkpoints")
     _check_checkpoint(mode, checkpoint, checkpoint_dir)  # cheap checks before counting the data
-    try:
-        train_examples = count_examples(recipe, recipe.data.train_split)
-        eval_examples = count_examples(recipe, recipe.data.eval_split) if evaluating else 0
-        corrupt = _scan_corrupt(recipe, evaluating)
-    except (
-        ValueError
-    ) as error:  # the source rejects a split or an argument, or a record is corrupt (named)
-        raise RecipeError(f"{recipe.path}: data: {error}") from None
+    train_examples, eval_examples, corrupt = _count_data(recipe, evaluating)
     steps_per_epoch = check_batch_sizes(recipe, replicas, train_examples)
     total_steps = steps_per_epoch * recipe.train.epochs
     _check_steps_per_execution(recipe, kind, steps_per_epoch)

@@ -24,11 +24,11 @@ import sys
 import time
 from typing import Any
 
+from tpukit import planner as plan_lib
 from tpukit.planner import (
     MODES,
     Plan,
     check_batch_sizes,
-    check_resume,
     count_examples,
     eval_batch_size,
     plan,
@@ -300,6 +300,59 @@ def _eval_dataset(the_plan: Plan):
     return lambda: data.distribute(the_plan.strategy, lambda ctx: eval_fn(ctx, the_plan.eval_steps))
 
 
+def _resolve_steps_per_execution(the_plan: Plan) -> Plan:
+    """The plan with `steps_per_execution: auto` decided by a probe on a throwaway model (unchanged otherwise)."""
+    if the_plan.steps_per_execution != "auto":
+        return the_plan
+    recipe = the_plan.recipe
+    try:
+        chosen = _probe_steps_per_execution(
+            recipe,
+            the_plan.strategy,
+            _train_dataset(the_plan),
+            the_plan.steps_per_epoch,
+            the_plan.jit_compile,
+            the_plan.resume_step,
+        )
+    except ValueError as error:  # builder or optimizer arguments that do not fit together
+        raise RecipeError(f"{recipe.path}: {error}") from None
+    return the_plan.resolved(chosen)
+
+
+def _restore(the_plan: Plan, checkpointer) -> int:
+    """Restores the newest readable checkpoint (on a cluster: the one every worker has); returns its step."""
+    from tpukit import checkpoint as checkpoint_lib
+    from tpukit import cluster
+
+    try:
+        with the_plan.strategy.scope():
+            step = checkpointer.restore(the_plan.checkpoint if the_plan.mode == "eval" else None)
+            agreed = (
+                cluster.agree_resume_step(the_plan.strategy, step) if the_plan.training else step
+            )
+            if agreed != step and not agreed:
+                raise RecipeError(
+                    f"another worker has no checkpoint while this one resumes at step {step} "
+                    f"({the_plan.checkpoint_dir}). Fix: give every worker the same checkpoints (a shared file "
+                    "system), or delete every worker's checkpoints to start over."
+                )
+            if agreed != step:
+                step = checkpointer.restore(os.path.join(the_plan.checkpoint_dir, f"ckpt-{agreed}"))
+    except (checkpoint_lib.CheckpointMismatchError, checkpoint_lib.CheckpointCorruptError) as error:
+        raise RecipeError(str(error)) from None
+    if (
+        the_plan.training and step != the_plan.resume_step
+    ):  # fell back past a damaged newest checkpoint
+        plan_lib.check_resume(
+            the_plan.recipe,
+            the_plan.steps_per_epoch,
+            the_plan.total_steps,
+            the_plan.steps_per_execution,
+            step,
+        )
+    return step
+
+
 def build(the_plan: Plan) -> Session:
     """Resolves `steps_per_execution: auto` (a probe on a throwaway model), then seeds, builds and compiles the model
     under the plan's strategy, and restores the newest readable checkpoint. Call it under `dtype_policy`."""
@@ -309,27 +362,15 @@ def build(the_plan: Plan) -> Session:
     from tpukit import checkpoint as checkpoint_lib
     from tpukit.callbacks import Throughput
 
-    recipe, strategy = the_plan.recipe, the_plan.strategy
-    cluster.check_same_recipe(strategy, recipe, __version__)
-    if the_plan.steps_per_execution == "auto":
-        # Before seeding, so the model trained below is initialized exactly as with a fixed value.
-        try:
-            chosen = _probe_steps_per_execution(
-                recipe,
-                strategy,
-                _train_dataset(the_plan),
-                the_plan.steps_per_epoch,
-                the_plan.jit_compile,
-                the_plan.resume_step,
-            )
-        except ValueError as error:  # builder or optimizer arguments that do not fit together
-            raise RecipeError(f"{recipe.path}: {error}") from None
-        the_plan = the_plan.resolved(chosen)
+    recipe = the_plan.recipe
+    cluster.check_same_recipe(the_plan.strategy, recipe, __version__)
+    # Before seeding, so the model trained below is initialized exactly as with a fixed value.
+    the_plan = _resolve_steps_per_execution(the_plan)
     keras.utils.set_random_seed(recipe.train.seed)
     try:
         model = build_model(
             recipe,
-            strategy,
+            the_plan.strategy,
             the_plan.total_steps,
             the_plan.jit_compile,
             the_plan.steps_per_execution,
@@ -346,40 +387,7 @@ def build(the_plan: Plan) -> Session:
         recipe.runtime.max_checkpoints_to_keep,
         options=checkpoint_lib.io_options(the_plan.io_device),
     )
-    with strategy.scope():
-        try:
-            start_step = checkpointer.restore(
-                the_plan.checkpoint if the_plan.mode == "eval" else None
-            )
-            agreed = (
-                cluster.agree_resume_step(strategy, start_step) if the_plan.training else start_step
-            )
-            if agreed != start_step and not agreed:
-                raise RecipeError(
-                    f"another worker has no checkpoint while this one resumes at step {start_step} "
-                    f"({the_plan.checkpoint_dir}). Fix: give every worker the same checkpoints (a shared file system), "
-                    "or delete every worker's checkpoints to start over."
-                )
-            if agreed != start_step:
-                start_step = checkpointer.restore(
-                    os.path.join(the_plan.checkpoint_dir, f"ckpt-{agreed}")
-                )
-        except (
-            checkpoint_lib.CheckpointMismatchError,
-            checkpoint_lib.CheckpointCorruptError,
-        ) as error:
-            raise RecipeError(str(error)) from None
-    if (
-        the_plan.training and start_step != the_plan.resume_step
-    ):  # fell back past a damaged newest checkpoint
-        check_resume(
-            recipe,
-            the_plan.steps_per_epoch,
-            the_plan.total_steps,
-            the_plan.steps_per_execution,
-            start_step,
-        )
-    flops_per_example = flops.model_flops_per_example(model)
+    start_step = _restore(the_plan, checkpointer)
     peak_flops, peak_source = (None, "")
     if the_plan.training:
         peak_flops, peak_source = flops.device_peak_flops(
@@ -391,7 +399,7 @@ def build(the_plan: Plan) -> Session:
         model,
         checkpointer,
         start_step,
-        flops_per_example,
+        flops.model_flops_per_example(model),
         peak_flops,
         peak_source,
         Throughput(recipe.data.global_batch_size),

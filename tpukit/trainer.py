@@ -172,7 +172,6 @@ def fit_with_recovery(
     total = steps_per_epoch * epochs
     history: dict[str, list[float]] = {}
     rollbacks = 0
-    keras_should_eval = type(model)._should_eval
     state = checkpointer.state
 
     def outcome(status):
@@ -184,76 +183,83 @@ def fit_with_recovery(
         )
         return outcome("early_stopped")
     while checkpointer.step < total:
-        step = checkpointer.step
-        epoch, offset = divmod(step, steps_per_epoch)
-        if offset:  # finish the interrupted epoch first, then continue with whole epochs
-            span = {
-                "initial_epoch": epoch,
-                "epochs": epoch + 1,
-                "steps_per_epoch": steps_per_epoch - offset,
-            }
-            logger.info(
-                "tpukit: resuming mid-epoch at step %d: %d steps left in epoch %d",
-                step,
-                span["steps_per_epoch"],
-                epoch + 1,
-            )
-        else:
-            span = {"initial_epoch": epoch, "epochs": epochs, "steps_per_epoch": steps_per_epoch}
         guard = TrainingGuard(checkpointer, checkpoint_every_steps)
-        # After a SIGTERM or a NaN, Keras would still run the epoch's validation before fit returns: on a
-        # preemptible VM that can outlast the notice, and on NaN weights it is wasted and pollutes the logs.
-        model._should_eval = lambda epoch, freq, guard=guard: (
-            not guard.preempted
-            and guard.diverged_at is None
-            and keras_should_eval(model, epoch, freq)
+        result = _fit_segment(
+            model,
+            make_dataset(checkpointer.data_position),
+            guard,
+            _span(checkpointer.step, steps_per_epoch, epochs),
+            callbacks=[*callbacks, guard],
+            validation_data=validation_data() if validation_data else None,
+            validation_steps=validation_steps,
+            validation_freq=validation_freq,
+            verbose=verbose,
         )
-        try:
-            result = model.fit(
-                make_dataset(checkpointer.data_position),
-                callbacks=[*callbacks, guard],
-                validation_data=validation_data() if validation_data else None,
-                validation_steps=validation_steps,
-                validation_freq=validation_freq,
-                shuffle=False,  # the pipeline shuffles; Keras cannot shuffle a dataset
-                verbose=verbose,
-                **span,
-            )
-        finally:
-            del model._should_eval  # back to Keras' method
         for key, values in result.history.items():
             history.setdefault(key, []).extend(float(v) for v in values)
         if guard.diverged_at is not None:
             rollbacks += 1
-            if rollbacks > max_nan_retries or not checkpointer.manager.latest_checkpoint:
-                raise TrainingDivergedError(
-                    f"the loss became non-finite at step {guard.diverged_at} "
-                    + (
-                        f"after {rollbacks - 1} rollback(s) (train.max_nan_retries={max_nan_retries})"
-                        if checkpointer.manager.latest_checkpoint
-                        else "before any checkpoint was saved, so there is nothing to roll back to"
-                    )
-                    + ". Fix: lower train.learning_rate, add train.warmup_steps, or check the data for NaN/inf."
-                )
-            skipped = int(
-                state.skipped_steps.numpy()
-            )  # the restore resets it to the checkpoint's value
-            restored = checkpointer.restore()
-            window = max(guard.diverged_at - restored, 1)
-            state.skipped_steps.assign(skipped + window)
-            logger.warning(
-                "tpukit: non-finite loss or weights at step %d: rolled back to step %d and skipped the %d batch(es) "
-                "of data from there (%d skipped after rollbacks in all; retry %d of %d)",
-                guard.diverged_at,
-                restored,
-                window,
-                int(state.skipped_steps.numpy()),
-                rollbacks,
-                max_nan_retries,
-            )
+            _roll_back(checkpointer, guard.diverged_at, rollbacks, max_nan_retries)
             continue
         if guard.preempted:
             return outcome("preempted")
         if model.stop_training:  # a callback (early stopping) ended the run
             return outcome("early_stopped")
     return outcome("done")
+
+
+def _span(step: int, steps_per_epoch: int, epochs: int) -> dict:
+    """`fit`'s epoch arguments from `step`: the rest of an interrupted epoch first, then whole epochs."""
+    epoch, offset = divmod(step, steps_per_epoch)
+    if not offset:
+        return {"initial_epoch": epoch, "epochs": epochs, "steps_per_epoch": steps_per_epoch}
+    left = steps_per_epoch - offset
+    logger.info(
+        "tpukit: resuming mid-epoch at step %d: %d steps left in epoch %d", step, left, epoch + 1
+    )
+    return {"initial_epoch": epoch, "epochs": epoch + 1, "steps_per_epoch": left}
+
+
+def _fit_segment(model, dataset, guard, span: dict, **fit_kwargs):
+    """One `model.fit` call. After a SIGTERM or a NaN Keras would still run the epoch's validation before `fit`
+    returns: on a preemptible VM that can outlast the notice, and on NaN weights it is wasted and pollutes the logs."""
+    keras_should_eval = type(model)._should_eval
+    model._should_eval = lambda epoch, freq: (
+        not guard.preempted and guard.diverged_at is None and keras_should_eval(model, epoch, freq)
+    )
+    try:
+        # shuffle=False: the pipeline shuffles; Keras cannot shuffle a dataset.
+        return model.fit(dataset, shuffle=False, **span, **fit_kwargs)
+    finally:
+        del model._should_eval  # back to Keras' method
+
+
+def _roll_back(checkpointer, diverged_at: int, rollbacks: int, max_nan_retries: int) -> None:
+    """Restores the newest checkpoint and skips the data window from it to `diverged_at`; raises when out of
+    retries or when there is no checkpoint to go back to."""
+    latest = checkpointer.manager.latest_checkpoint
+    if rollbacks > max_nan_retries or not latest:
+        raise TrainingDivergedError(
+            f"the loss became non-finite at step {diverged_at} "
+            + (
+                f"after {rollbacks - 1} rollback(s) (train.max_nan_retries={max_nan_retries})"
+                if latest
+                else "before any checkpoint was saved, so there is nothing to roll back to"
+            )
+            + ". Fix: lower train.learning_rate, add train.warmup_steps, or check the data for NaN/inf."
+        )
+    state = checkpointer.state
+    skipped = int(state.skipped_steps.numpy())  # the restore resets it to the checkpoint's value
+    restored = checkpointer.restore()
+    window = max(diverged_at - restored, 1)
+    state.skipped_steps.assign(skipped + window)
+    logger.warning(
+        "tpukit: non-finite loss or weights at step %d: rolled back to step %d and skipped the %d batch(es) of data "
+        "from there (%d skipped after rollbacks in all; retry %d of %d)",
+        diverged_at,
+        restored,
+        window,
+        skipped + window,
+        rollbacks,
+        max_nan_retries,
+    )
