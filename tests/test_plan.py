@@ -111,3 +111,40 @@ def test_a_run_restores_the_callers_global_dtype_policy(tmp_path):
     keras.mixed_precision.set_global_policy("mixed_float16")
     tpukit.run(recipe(**{"train.epochs": 1, "runtime.precision": "float32"}), str(tmp_path))
     assert keras.mixed_precision.global_policy().name == "mixed_float16"
+
+
+@pytest.mark.parametrize(
+    "kind,replicas,hosts,remote,refused",
+    [
+        ("tpu", 32, 4, False, True),
+        ("tpu", 8, 1, True, True),
+        ("tpu", 8, 1, False, False),
+        ("mirrored", 2, 1, False, False),
+    ],
+)
+def test_local_files_on_a_multi_host_or_remote_tpu_are_a_recipe_error(
+    tmp_path, kind, replicas, hosts, remote, refused
+):
+    # Logic only (no TPU here): the plan applies tpukit.check's input_paths rule to the strategy it was given.
+    from tpukit.planner import check_input_paths
+
+    local = from_dict(
+        {
+            "model": {"name": "small_cnn"},
+            "data": {
+                "source": "text_files",
+                "file_pattern": str(tmp_path / "*.txt"),
+                "global_batch_size": 32,
+            },
+            "train": {"epochs": 1, "learning_rate": 0.1},
+        },
+        "local.yaml",
+    )
+    if refused:
+        with pytest.raises(
+            RecipeError,
+            match=r"not on gs://: data.file_pattern=.*Fix: copy the data to a Cloud Storage",
+        ):
+            check_input_paths(local, kind, replicas, hosts, remote)
+    else:
+        check_input_paths(local, kind, replicas, hosts, remote)

@@ -291,6 +291,19 @@ def _scan_corrupt(recipe: Recipe, evaluating: bool) -> dict:
     return reports
 
 
+def check_input_paths(recipe: Recipe, kind: str, replicas: int, hosts: int, remote: bool) -> None:
+    """On a TPU whose input runs on other hosts (a multi-host slice, or a remote TPU Node's host), a source that
+    reads local files is a recipe error before training (the rule of `tpukit.check`)."""
+    from tpukit import check
+
+    if kind != "tpu" or not (hosts > 1 or remote):
+        return
+    target = check.Target("this TPU", replicas, hosts, max(replicas // hosts, 1), 0.0, remote)
+    rule = check.input_paths_rule(recipe, target)
+    if rule.status == "fail":
+        raise RecipeError(f"{recipe.path}: {rule.message} Fix: {rule.fix}.")
+
+
 def _count_data(recipe: Recipe, evaluating: bool) -> tuple[int, int, dict]:
     """(train examples, eval examples, corrupt-record reports); a source's ValueError becomes a RecipeError."""
     try:
@@ -346,6 +359,13 @@ def plan(
         )
     checkpoint_dir = os.path.join(output_dir, "checkpoints")
     _check_checkpoint(mode, checkpoint, checkpoint_dir)  # cheap checks before counting the data
+    check_input_paths(
+        recipe,
+        kind,
+        replicas,
+        num_input_pipelines(strategy),
+        io_device_for(strategy, output_dir) is not None,
+    )
     train_examples, eval_examples, corrupt = _count_data(recipe, evaluating)
     steps_per_epoch = check_batch_sizes(recipe, replicas, train_examples)
     total_steps = steps_per_epoch * recipe.train.epochs
