@@ -241,6 +241,25 @@ def check_versions(
     """
     if version_of is None:
         version_of = lambda name: installed[name] if name in installed else _version_or_none(name)  # noqa: E731
+    findings = _check_tensorflow(runtime, installed)
+    tf_cpu = installed.get("tensorflow") or installed.get("tensorflow-cpu")
+    tf_tpu = installed.get("tensorflow-tpu")
+    tf_dist = (
+        "tensorflow-tpu"
+        if tf_tpu
+        else ("tensorflow" if installed.get("tensorflow") else "tensorflow-cpu")
+    )
+    if tf_cpu or tf_tpu:
+        findings += check_requirements(tf_dist, tf_requires, version_of)
+
+    findings += _check_keras(installed)
+    findings += _check_tfds_metadata(installed)
+    findings += _check_jax(installed, jax_requires)
+    return findings
+
+
+def _check_tensorflow(runtime: Runtime, installed: dict[str, str | None]) -> list[Finding]:
+    """The TensorFlow build against this runtime: a TPU build on a TPU VM, the declared range elsewhere."""
     findings = []
     pinned = versions.pinned_tpu()
     tpu_fix = f"`{pinned.install_command()}`, {RESTART}"
@@ -249,7 +268,6 @@ def check_versions(
     cpu_fix = f'`pip install "tensorflow>={low},<{high}"`, {RESTART}'
     tf_cpu = installed.get("tensorflow") or installed.get("tensorflow-cpu")
     tf_tpu = installed.get("tensorflow-tpu")
-    libtpu = installed.get("libtpu")
     wants_tpu_build = runtime.accelerator == "tpu_vm"
 
     if not tf_cpu and not tf_tpu:
@@ -262,101 +280,123 @@ def check_versions(
             )
         )
     elif wants_tpu_build:
-        if not tf_tpu:
-            findings.append(
-                Finding(
-                    "fail",
-                    "tensorflow",
-                    f"this is a TPU VM but the installed TensorFlow is the CPU/GPU wheel (tensorflow {tf_cpu}), "
-                    "which has no TPU kernels ('No OpKernel was registered to support Op "
-                    "ConfigureDistributedTPU').",
-                    f"`pip uninstall -y tensorflow tensorflow-cpu` then {tpu_fix}",
-                )
-            )
-        elif tf_cpu:
-            findings.append(
-                Finding(
-                    "fail",
-                    "tensorflow",
-                    f"both tensorflow-tpu {tf_tpu} and the CPU/GPU wheel tensorflow {tf_cpu} are installed; they "
-                    "write the same `tensorflow` module, so which one imports depends on the install order.",
-                    f"`pip uninstall -y tensorflow tensorflow-cpu tensorflow-tpu` then {tpu_fix}",
-                )
-            )
-        else:
-            row = versions.find("tensorflow-tpu", tf_tpu, libtpu)
-            if row is None:
-                findings.append(
-                    Finding(
-                        "fail",
-                        "tensorflow",
-                        f"tensorflow-tpu {tf_tpu} with libtpu {libtpu} is not a combination tpukit knows to work "
-                        f"(tpukit/versions.py; known: "
-                        + ", ".join(
-                            f"{c.tensorflow}+libtpu {c.libtpu}"
-                            for c in versions.COMBINATIONS
-                            if c.is_tpu
-                        )
-                        + ").",
-                        tpu_fix,
-                    )
-                )
-            else:
-                level = "ok" if row.pinned else "warn"
-                note = (
-                    ""
-                    if row.pinned
-                    else f" (known from upstream, not the pinned row: {pinned.install_command()})"
-                )
-                findings.append(
-                    Finding(
-                        level,
-                        "tensorflow",
-                        f"tensorflow-tpu {tf_tpu} + libtpu {libtpu}: a known row{note}.",
-                    )
-                )
+        findings += _check_tpu_build(runtime, installed)
     else:
-        version = tf_cpu or tf_tpu
-        if not (versions.MIN_TF <= versions.minor(version) < versions.MAX_TF_EXCLUSIVE):
+        findings += _check_other_build(runtime, installed)
+    return findings
+
+
+def _check_tpu_build(runtime: Runtime, installed: dict[str, str | None]) -> list[Finding]:
+    """On a TPU VM: the TensorFlow build must be tensorflow-tpu with its libtpu (the pinned row)."""
+    findings = []
+    pinned = versions.pinned_tpu()
+    tpu_fix = f"`{pinned.install_command()}`, {RESTART}"
+    tf_cpu = installed.get("tensorflow") or installed.get("tensorflow-cpu")
+    tf_tpu = installed.get("tensorflow-tpu")
+    libtpu = installed.get("libtpu")
+    if not tf_tpu:
+        findings.append(
+            Finding(
+                "fail",
+                "tensorflow",
+                f"this is a TPU VM but the installed TensorFlow is the CPU/GPU wheel (tensorflow {tf_cpu}), "
+                "which has no TPU kernels ('No OpKernel was registered to support Op "
+                "ConfigureDistributedTPU').",
+                f"`pip uninstall -y tensorflow tensorflow-cpu` then {tpu_fix}",
+            )
+        )
+    elif tf_cpu:
+        findings.append(
+            Finding(
+                "fail",
+                "tensorflow",
+                f"both tensorflow-tpu {tf_tpu} and the CPU/GPU wheel tensorflow {tf_cpu} are installed; they "
+                "write the same `tensorflow` module, so which one imports depends on the install order.",
+                f"`pip uninstall -y tensorflow tensorflow-cpu tensorflow-tpu` then {tpu_fix}",
+            )
+        )
+    else:
+        row = versions.find("tensorflow-tpu", tf_tpu, libtpu)
+        if row is None:
             findings.append(
                 Finding(
                     "fail",
                     "tensorflow",
-                    f"tensorflow {version} is outside tpukit's range [{low}, {high}).",
-                    cpu_fix,
-                )
-            )
-        elif (
-            versions.find("tensorflow", version) is None
-            and versions.find("tensorflow-tpu", version, libtpu) is None
-        ):
-            findings.append(
-                Finding(
-                    "warn",
-                    "tensorflow",
-                    f"tensorflow {version} is in range but not a tested row of tpukit/versions.py.",
+                    f"tensorflow-tpu {tf_tpu} with libtpu {libtpu} is not a combination tpukit knows to work "
+                    f"(tpukit/versions.py; known: "
+                    + ", ".join(
+                        f"{c.tensorflow}+libtpu {c.libtpu}"
+                        for c in versions.COMBINATIONS
+                        if c.is_tpu
+                    )
+                    + ").",
+                    tpu_fix,
                 )
             )
         else:
-            findings.append(Finding("ok", "tensorflow", f"tensorflow {version}: a tested row."))
-        if runtime.accelerator == "tpu_node" and not tf_tpu:
+            level = "ok" if row.pinned else "warn"
+            note = (
+                ""
+                if row.pinned
+                else f" (known from upstream, not the pinned row: {pinned.install_command()})"
+            )
             findings.append(
                 Finding(
-                    "warn",
+                    level,
                     "tensorflow",
-                    "a remote TPU Node is driven over gRPC by this TensorFlow; TPU Nodes "
-                    "are Google's legacy architecture (Colab and Kaggle moved to TPU VMs).",
+                    f"tensorflow-tpu {tf_tpu} + libtpu {libtpu}: a known row{note}.",
                 )
             )
+    return findings
 
-    tf_dist = (
-        "tensorflow-tpu"
-        if tf_tpu
-        else ("tensorflow" if installed.get("tensorflow") else "tensorflow-cpu")
-    )
-    if tf_cpu or tf_tpu:
-        findings += check_requirements(tf_dist, tf_requires, version_of)
 
+def _check_other_build(runtime: Runtime, installed: dict[str, str | None]) -> list[Finding]:
+    """Elsewhere: a TensorFlow in the declared range (and the TPU build for a TPU Node)."""
+    findings = []
+    low = ".".join(map(str, versions.MIN_TF))
+    high = ".".join(map(str, versions.MAX_TF_EXCLUSIVE))
+    cpu_fix = f'`pip install "tensorflow>={low},<{high}"`, {RESTART}'
+    tf_cpu = installed.get("tensorflow") or installed.get("tensorflow-cpu")
+    tf_tpu = installed.get("tensorflow-tpu")
+    libtpu = installed.get("libtpu")
+    version = tf_cpu or tf_tpu
+    if not (versions.MIN_TF <= versions.minor(version) < versions.MAX_TF_EXCLUSIVE):
+        findings.append(
+            Finding(
+                "fail",
+                "tensorflow",
+                f"tensorflow {version} is outside tpukit's range [{low}, {high}).",
+                cpu_fix,
+            )
+        )
+    elif (
+        versions.find("tensorflow", version) is None
+        and versions.find("tensorflow-tpu", version, libtpu) is None
+    ):
+        findings.append(
+            Finding(
+                "warn",
+                "tensorflow",
+                f"tensorflow {version} is in range but not a tested row of tpukit/versions.py.",
+            )
+        )
+    else:
+        findings.append(Finding("ok", "tensorflow", f"tensorflow {version}: a tested row."))
+    if runtime.accelerator == "tpu_node" and not tf_tpu:
+        findings.append(
+            Finding(
+                "warn",
+                "tensorflow",
+                "a remote TPU Node is driven over gRPC by this TensorFlow; TPU Nodes "
+                "are Google's legacy architecture (Colab and Kaggle moved to TPU VMs).",
+            )
+        )
+
+    return findings
+
+
+def _check_keras(installed: dict[str, str | None]) -> list[Finding]:
+    findings = []
     keras_version = installed.get("keras")
     low, high = (".".join(map(str, v)) for v in compat.KERAS_TESTED)
     if (
@@ -375,6 +415,11 @@ def check_versions(
     else:
         findings.append(Finding("ok", "keras", f"keras {keras_version}."))
 
+    return findings
+
+
+def _check_tfds_metadata(installed: dict[str, str | None]) -> list[Finding]:
+    findings = []
     metadata = installed.get("tensorflow-metadata")
     protobuf = installed.get("protobuf")
     if (
@@ -394,6 +439,13 @@ def check_versions(
             )
         )
 
+    return findings
+
+
+def _check_jax(installed: dict[str, str | None], jax_requires: list[str] | None) -> list[Finding]:
+    findings = []
+    tf_tpu = installed.get("tensorflow-tpu")
+    libtpu = installed.get("libtpu")
     jax_version = installed.get("jax")
     if jax_version and tf_tpu:
         wanted = _jax_libtpu_pin(jax_requires)

@@ -304,6 +304,17 @@ def check_input_paths(recipe: Recipe, kind: str, replicas: int, hosts: int, remo
         raise RecipeError(f"{recipe.path}: {rule.message} Fix: {rule.fix}.")
 
 
+def _choose_hardware(recipe: Recipe, kind: str, replicas: int):
+    """(jit_compile, precision) decisions with their reasons (`tpukit.performance`)."""
+    from tpukit import performance
+
+    try:
+        jit = performance.choose_jit_compile(recipe.runtime.jit_compile, kind, replicas)
+    except ValueError as error:
+        raise RecipeError(f"{recipe.path}: {error}") from None
+    return jit, performance.choose_precision(recipe.runtime.precision, kind)
+
+
 def _count_data(recipe: Recipe, evaluating: bool) -> tuple[int, int, dict]:
     """(train examples, eval examples, corrupt-record reports); a source's ValueError becomes a RecipeError."""
     try:
@@ -339,7 +350,6 @@ def plan(
     Nothing is built and nothing is written. `strategy` defaults to `tpukit.connect(recipe.runtime.tpu)`. Raises
     `RecipeError` (the message names the key, the value and the fix) for anything the run would reject.
     """
-    from tpukit import performance
     from tpukit.export import io_device_for
     from tpukit.strategy import kind_of, num_input_pipelines, worker_subdir
 
@@ -371,11 +381,7 @@ def plan(
     total_steps = steps_per_epoch * recipe.train.epochs
     _check_steps_per_execution(recipe, kind, steps_per_epoch)
     _check_loop(recipe, strategy)
-    try:
-        jit = performance.choose_jit_compile(recipe.runtime.jit_compile, kind, replicas)
-    except ValueError as error:
-        raise RecipeError(f"{recipe.path}: {error}") from None
-    precision = performance.choose_precision(recipe.runtime.precision, kind)
+    jit, precision = _choose_hardware(recipe, kind, replicas)
     resume_step = newest_checkpoint_step(checkpoint_dir) if mode != "eval" else 0
     steps_per_execution = recipe.runtime.steps_per_execution
     if steps_per_execution == "auto" and mode == "eval":

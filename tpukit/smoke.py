@@ -219,12 +219,33 @@ def run_smoke(
 
 
 def _run_paths(smoke: _Smoke, report: dict, output_dir, tpu, precision, strategy) -> None:
-    import numpy as np
-
-    import tpukit
-    from tpukit import runner
+    """Runs the paths in order; each later path needs the earlier ones."""
     from tpukit.recipe import from_dict
 
+    strategy, accelerator = _connect_path(smoke, report, tpu, strategy)
+    if not smoke.ok("connect"):
+        return
+
+    def recipe(epochs):
+        raw = smoke_recipe(report["device"]["replicas"], accelerator, epochs, precision, tpu)
+        return from_dict(raw, path=f"tpukit.smoke ({epochs} epoch(s))")
+
+    metrics = _train_path(smoke, report, recipe(1), output_dir, strategy)
+    if not smoke.ok("train"):
+        return
+    steps = metrics["step"]
+    the_plan, session, outcome = _checkpoint_path(
+        smoke, recipe(2), output_dir, strategy, metrics, steps
+    )
+    if not smoke.ok("checkpoint"):
+        return
+    _eval_and_export_paths(smoke, report, the_plan, session, outcome)
+
+
+def _connect_path(smoke: _Smoke, report: dict, tpu, strategy):
+    import tpukit
+
+    accelerator = False
     with smoke.path("connect"):
         strategy = strategy or tpukit.connect(tpu)
         device = _device(strategy, tpu)
@@ -240,25 +261,27 @@ def _run_paths(smoke: _Smoke, report: dict, output_dir, tpu, precision, strategy
                 f"{topology['num_tpus_per_task']} device(s)"
             )
         smoke.record("connect", "pass", detail)
-    if not smoke.ok("connect"):
-        return
+    return strategy, accelerator
 
-    replicas = device["replicas"]
 
-    def recipe(epochs):
-        raw = smoke_recipe(replicas, accelerator, epochs, precision, tpu)
-        return from_dict(raw, path=f"tpukit.smoke ({epochs} epoch(s))")
+def _train_path(smoke: _Smoke, report: dict, first, output_dir, strategy) -> dict:
+    import numpy as np
 
-    first = recipe(1)
+    import tpukit
+
     steps = first.train.steps_per_epoch
+    metrics: dict = {}
     with smoke.path("train"):
         metrics = tpukit.run(first, output_dir, strategy=strategy)
         report["plan"] = {
-            "precision": metrics["precision"],
-            "jit_compile": metrics["jit_compile"],
-            "steps_per_execution": metrics["steps_per_execution"],
-            "global_batch_size": metrics["global_batch_size"],
-            "steps_per_epoch": metrics["steps_per_epoch"],
+            key: metrics[key]
+            for key in (
+                "precision",
+                "jit_compile",
+                "steps_per_execution",
+                "global_batch_size",
+                "steps_per_epoch",
+            )
         }
         loss = metrics["train"].get("loss", math.nan)
         if metrics["status"] != "done" or metrics["step"] != steps or not np.isfinite(loss):
@@ -271,10 +294,16 @@ def _run_paths(smoke: _Smoke, report: dict, output_dir, tpu, precision, strategy
             f"{steps} steps at steps_per_execution {metrics['steps_per_execution']} in {metrics['precision']} "
             f"(jit_compile {metrics['jit_compile']}), loss {loss:.4f}",
         )
-    if not smoke.ok("train"):
-        return
+    return metrics
 
-    second = recipe(2)
+
+def _checkpoint_path(smoke: _Smoke, second, output_dir, strategy, metrics: dict, steps: int):
+    import numpy as np
+
+    import tpukit
+    from tpukit import runner
+
+    the_plan = session = outcome = None
     with smoke.path("checkpoint"):
         the_plan = tpukit.plan(second, strategy, output_dir=output_dir)
         with runner.dtype_policy(the_plan.precision):
@@ -302,8 +331,12 @@ def _run_paths(smoke: _Smoke, report: dict, output_dir, tpu, precision, strategy
             f"resumed at step {session.start_step} with the saved weights ({len(differences)} arrays equal), "
             f"trained to step {session.checkpointer.step}",
         )
-    if not smoke.ok("checkpoint"):
-        return
+    return the_plan, session, outcome
+
+
+def _eval_and_export_paths(smoke: _Smoke, report: dict, the_plan, session, outcome) -> None:
+    from tpukit import runner
+
     # As in `tpukit.run`: evaluation and export under the plan's dtype policy.
     with runner.dtype_policy(the_plan.precision):
         evaluation = exported = None
@@ -315,12 +348,15 @@ def _run_paths(smoke: _Smoke, report: dict, output_dir, tpu, precision, strategy
             _check_export(smoke, session, exported)
         final = runner.report(session, outcome, evaluation or {}, exported or {})
     report["throughput"] = {
-        "examples_per_second": final["examples_per_second"],
-        "steps_per_second": final["steps_per_second"],
-        "time_to_first_step_seconds": final["time_to_first_step_seconds"],
-        "flops_per_example": final["flops_per_example"],
-        "mfu": final["mfu"],
-        "peak_flops_source": final["peak_flops_source"],
+        key: final[key]
+        for key in (
+            "examples_per_second",
+            "steps_per_second",
+            "time_to_first_step_seconds",
+            "flops_per_example",
+            "mfu",
+            "peak_flops_source",
+        )
     }
 
 
