@@ -182,8 +182,7 @@ KNOWN_ERRORS: tuple[KnownError, ...] = (
     KnownError(
         name="worker_lost",
         pattern=re.compile(
-            r"tasks are unhealthy \(stopped sending heartbeats\)|Collective ops is aborted by|"
-            r"failed to connect to all addresses|Socket closed|Connection reset by peer"
+            r"tasks are unhealthy \(stopped sending heartbeats\)|Collective ops is aborted by"
         ),
         cause=(
             "another worker of this multi-worker cluster stopped (crashed, was killed, or its host was preempted "

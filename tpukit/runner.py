@@ -600,6 +600,31 @@ def run(
         return report_fn(session, outcome, evaluation, exported)
 
 
+class OutputDirError(RuntimeError):
+    """The output directory stopped taking writes (full, read-only, no permission). Earlier checkpoints are kept."""
+
+
+_OUTPUT_FAILURES = (
+    "No space left on device",
+    "Read-only file system",
+    "Permission denied",
+    "Disk quota exceeded",
+)
+
+
+def _output_failure(the_plan: Plan, error: BaseException) -> OutputDirError | None:
+    text = f"{error}"
+    reason = next((r for r in _OUTPUT_FAILURES if r in text), None)
+    if reason is None:
+        return None
+    step = plan_lib.newest_checkpoint_step(the_plan.checkpoint_dir)
+    return OutputDirError(
+        f"cannot write to {the_plan.output_dir}: {reason} ({type(error).__name__}: {text.splitlines()[0][:200]}). "
+        f"The checkpoints written before are kept (newest: step {step}). Fix: free space or make the directory "
+        "writable (or pass another --output_dir holding a copy of it), then run the same command to resume."
+    )
+
+
 @contextlib.contextmanager
 def _explained(the_plan: Plan):
     """Errors met while building, training and evaluating: a corrupt record becomes a RecipeError naming the file
@@ -616,6 +641,15 @@ def _explained(the_plan: Plan):
         corrupt = data.explain_data_error(error, config.source, splits, config.options)
         if corrupt is not None:
             raise RecipeError(f"{the_plan.recipe.path}: data: {corrupt}") from None
+        failure = _output_failure(the_plan, error)
+        if failure is not None:
+            raise failure from None
+        diagnose.annotate(error)
+        raise
+    except OSError as error:
+        failure = _output_failure(the_plan, error)
+        if failure is not None:
+            raise failure from None
         diagnose.annotate(error)
         raise
     except Exception as error:

@@ -63,13 +63,13 @@ def main(argv: list[str]) -> int:
         recipe = load_recipe(argv[1], overrides)
         name = os.path.splitext(os.path.basename(recipe.path))[0]
         output_dir = FLAGS.output_dir or os.path.join("runs", name)
-        from tpukit.runner import run
+        from tpukit.runner import OutputDirError, run
         from tpukit.strategy import TPUConnectionError
         from tpukit.trainer import TrainingDivergedError
 
         try:
             metrics = run(recipe, output_dir, mode=FLAGS.mode, checkpoint=FLAGS.checkpoint)
-        except (TPUConnectionError, TrainingDivergedError) as error:
+        except (TPUConnectionError, TrainingDivergedError, OutputDirError) as error:
             print(f"tpukit: error: {error}", file=sys.stderr)
             return 1
         except Exception as error:  # noqa: BLE001 - known environment errors get cause and fix, not a traceback
