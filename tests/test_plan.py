@@ -48,13 +48,15 @@ def test_the_plan_on_two_replicas_and_without_evaluation(tmp_path):
     assert plan.eval_steps is None and not plan.evaluating and plan.eval_examples == 0
 
 
-def test_auto_steps_per_execution_stays_auto_in_the_plan_and_is_one_in_eval_mode(tmp_path):
-    assert (
-        tpukit.plan(
-            recipe(**{"runtime.steps_per_execution": "auto"}), output_dir=str(tmp_path)
-        ).steps_per_execution
-        == "auto"
-    )
+def test_auto_steps_per_execution_stays_auto_in_the_plan_and_is_one_in_eval_mode(
+    tmp_path, monkeypatch
+):
+    auto = recipe(**{"runtime.steps_per_execution": "auto"})
+    assert tpukit.plan(auto, output_dir=str(tmp_path)).steps_per_execution == "auto"
+    monkeypatch.setenv("TPUKIT_TEST_SIGTERM_AT_STEP", "3")
+    tpukit.run(recipe(), str(tmp_path))  # a checkpoint to evaluate
+    evaluating = tpukit.plan(auto, mode="eval", output_dir=str(tmp_path))
+    assert evaluating.steps_per_execution == 1 and evaluating.eval_steps == 12
 
 
 @pytest.mark.parametrize(

@@ -40,6 +40,10 @@ def user_package(tmp_path, monkeypatch):
     for name, text in PACKAGE.items():
         (root / "my_pkg" / name).write_text(text)
     monkeypatch.syspath_prepend(str(root))
+    import sys
+
+    for name in [m for m in sys.modules if m == "my_pkg" or m.startswith("my_pkg.")]:
+        monkeypatch.delitem(sys.modules, name)  # each test's package is a fresh one
     return root
 
 
@@ -186,3 +190,90 @@ def test_fit_takes_a_dataset_function_and_refuses_unknown_settings(tmp_path):
             stepz_per_execution=2,
         )
     assert not (tmp_path / "bad").exists()
+
+
+def test_a_source_or_builder_of_the_wrong_shape_is_a_recipe_error(tmp_path, user_package):
+    (user_package / "my_pkg" / "bad.py").write_text(
+        textwrap.dedent("""
+        import numpy as np
+
+        def no_context(split="train"):
+            return None
+
+        def arrays(split="train", input_context=None):
+            return np.zeros((4, 4)), np.zeros(4)
+
+        def nothing(hidden: int = 3):
+            return None
+    """)
+    )
+    base = {
+        "data": {"source": "my_pkg.data:my_source", "global_batch_size": 32, "size": 64},
+        "train": {"epochs": 1, "learning_rate": 0.01},
+        "runtime": {"verbose": 0},
+    }
+    with pytest.raises(RecipeError, match="does not take input_context"):
+        from_dict(
+            {
+                **base,
+                "model": {"name": "my_pkg.models:build_model"},
+                "data": {**base["data"], "source": "my_pkg.bad:no_context"},
+            }
+        )
+    with pytest.raises(
+        RecipeError, match="returned a tuple for split 'train', not a tf.data.Dataset"
+    ):
+        tpukit.plan(
+            from_dict(
+                {
+                    **base,
+                    "model": {"name": "my_pkg.models:build_model"},
+                    "data": {"source": "my_pkg.bad:arrays", "global_batch_size": 2},
+                }
+            ),
+            output_dir=str(tmp_path / "a"),
+        )
+    with pytest.raises(RecipeError, match="returned a NoneType, not a keras.Model"):
+        tpukit.run(
+            from_dict({**base, "model": {"name": "my_pkg.bad:nothing"}}), str(tmp_path / "b")
+        )
+    assert not (tmp_path / "b").exists()
+
+
+def test_a_model_that_does_not_fit_its_data_is_refused_before_anything_is_written(
+    tmp_path, user_package
+):
+    base = {
+        "data": {"source": "my_pkg.data:my_source", "global_batch_size": 32, "size": 64},
+        "train": {"epochs": 1, "learning_rate": 0.01},
+        "runtime": {"verbose": 0},
+    }
+    (user_package / "my_pkg" / "wide.py").write_text(
+        textwrap.dedent("""
+        import keras
+
+        def build_model(num_classes: int = 2):
+            return keras.Sequential([keras.Input((5,)), keras.layers.Dense(num_classes)])
+    """)
+    )
+    with pytest.raises(
+        RecipeError, match=r"the model takes examples of shape \[5\] but .* gives \[4\]"
+    ):
+        tpukit.run(
+            from_dict({**base, "model": {"name": "my_pkg.wide:build_model"}}),
+            str(tmp_path / "shape"),
+        )
+    assert not (tmp_path / "shape").exists()
+    with pytest.raises(
+        RecipeError, match=r"has label 1, but model .* outputs 1 classes.*model.num_classes=2"
+    ):
+        tpukit.run(
+            from_dict({**base, "model": {"name": "my_pkg.models:build_model", "num_classes": 1}}),
+            str(tmp_path / "labels"),
+        )
+
+
+def test_fit_without_labels_is_a_recipe_error(tmp_path):
+    x, _ = _arrays()
+    with pytest.raises(RecipeError, match="received no y"):
+        tpukit.fit(build, x, epochs=1, batch_size=32, output_dir=str(tmp_path / "f"))

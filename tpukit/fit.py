@@ -99,6 +99,12 @@ def fit(
         raise RecipeError(
             "tpukit.fit: pass either x and y (arrays) or dataset_fn, not both and not neither."
         )
+    if x is not None and (y is None or len(x) != len(y)):
+        received = "no y" if y is None else f"len(x)={len(x)}, len(y)={len(y)}"
+        raise RecipeError(
+            f"tpukit.fit: x and y must be arrays of the same length (integer class labels in y); received {received}."
+            " Fix: pass y, e.g. tpukit.fit(build_model, x_train, y_train, ...)."
+        )
     name = (
         name
         or f"fit:{getattr(model_fn, '__module__', '')}.{getattr(model_fn, '__qualname__', 'model')}"

@@ -47,6 +47,12 @@ def count_examples(recipe: Recipe, split: str) -> int:
         if k == "skip_corrupt"
     }
     dataset = source(split=split, input_context=None, **skip, **recipe.data.options)
+    if not isinstance(dataset, tf.data.Dataset):
+        raise RecipeError(
+            f"{recipe.path}: data.source={recipe.data.source!r} returned a {type(dataset).__name__} for split "
+            f"{split!r}, not a tf.data.Dataset. Fix: return an unbatched tf.data.Dataset of (features, label), e.g. "
+            "tf.data.Dataset.from_tensor_slices((x, y)) (tpukit batches it)."
+        )
     count = int(dataset.cardinality())
     if count < 0:  # unknown or infinite: count once
         count = int(dataset.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1))
@@ -348,7 +354,9 @@ def plan(
     """Validates `recipe` against the strategy, the data and `output_dir`, and returns every decision of the run.
 
     Nothing is built and nothing is written. `strategy` defaults to `tpukit.connect(recipe.runtime.tpu)`. Raises
-    `RecipeError` (the message names the key, the value and the fix) for anything the run would reject.
+    `RecipeError` (the message names the key, the value and the fix) for anything the run would reject that needs
+    no model; `runner.build` raises the rest (the model against its data and checkpoint, the cluster's agreement)
+    before anything is written.
     """
     from tpukit.export import io_device_for
     from tpukit.strategy import kind_of, num_input_pipelines, worker_subdir

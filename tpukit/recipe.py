@@ -522,10 +522,25 @@ def _validate_model(config: ModelConfig) -> None:
     )
 
 
+def _check_source_signature(name: str, source) -> None:
+    """A source is called as `source(split=..., input_context=..., **options)`."""
+    params = inspect.signature(source).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    missing = [arg for arg in ("split", "input_context") if arg not in params and not takes_any]
+    if missing:
+        raise RecipeError(
+            f"data.source={_show(name)} does not take {' or '.join(missing)}: tpukit calls a source as "
+            "source(split=..., input_context=..., **options) and expects an unbatched tf.data.Dataset of "
+            "(features, label). Fix: add the parameters, e.g. def my_source(split='train', input_context=None): ... "
+            "return tpukit.data.shard(dataset, input_context)."
+        )
+
+
 def _validate_data(config: DataConfig) -> None:
     from tpukit.data import SOURCE_RESERVED_ARGS, SOURCES
 
     source = _lookup(SOURCES, config.source, "data.source")
+    _check_source_signature(config.source, source)
     _check_fields(config, "data", skip=("options",))
     params = _signature_params(source, skip=SOURCE_RESERVED_ARGS)
     fields = tuple(f.name for f in dataclasses.fields(DataConfig) if f.name != "options")

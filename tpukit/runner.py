@@ -126,6 +126,11 @@ def build_model(
 
     with strategy.scope():
         model = MODELS[recipe.model.name](**recipe.model.kwargs)
+        if not isinstance(model, keras.Model):
+            raise RecipeError(
+                f"{recipe.path}: model.name={recipe.model.name!r} returned a {type(model).__name__}, not a "
+                "keras.Model. Fix: make the builder return the model (uncompiled; tpukit compiles it)."
+            )
         optimizer = build_optimizer(
             recipe.train, total_steps, global_batch_size=recipe.data.global_batch_size
         )
@@ -353,6 +358,33 @@ def _restore(the_plan: Plan, checkpointer) -> int:
     return step
 
 
+def _check_model_fits_data(the_plan: Plan, model) -> None:
+    """The model's declared inputs take the pipeline's features (per example), before anything is written."""
+    import tensorflow as tf
+
+    if not getattr(model, "inputs", None):
+        return  # a subclassed model declares no inputs; Keras reports a mismatch at the first step
+    train_fn, _ = input_fns(the_plan.recipe, the_plan.eval_examples)
+    features = train_fn(None).element_spec[0]
+    specs, inputs = tf.nest.flatten(features), model.inputs
+    if len(specs) != len(inputs):
+        raise RecipeError(
+            f"{the_plan.recipe.path}: model {the_plan.recipe.model.name!r} takes {len(inputs)} input(s) but "
+            f"data.source={the_plan.recipe.data.source!r} gives {len(specs)} feature tensor(s). Fix: make them match."
+        )
+    for spec, tensor in zip(specs, inputs, strict=True):
+        data_shape, model_shape = tuple(spec.shape[1:]), tuple(tensor.shape[1:])
+        if len(data_shape) != len(model_shape) or any(
+            m is not None and d is not None and m != d
+            for d, m in zip(data_shape, model_shape, strict=True)
+        ):
+            raise RecipeError(
+                f"{the_plan.recipe.path}: the model takes examples of shape {list(model_shape)} but "
+                f"data.source={the_plan.recipe.data.source!r} gives {list(data_shape)}. Fix: set the model's input "
+                f"shape to the data's (e.g. --set model.input_shape={list(data_shape)}) or change the data options."
+            )
+
+
 def build(the_plan: Plan) -> Session:
     """Resolves `steps_per_execution: auto` (a probe on a throwaway model), then seeds, builds and compiles the model
     under the plan's strategy, and restores the newest readable checkpoint. Call it under `dtype_policy`."""
@@ -377,6 +409,7 @@ def build(the_plan: Plan) -> Session:
         )
     except ValueError as error:  # builder or optimizer arguments that do not fit together
         raise RecipeError(f"{recipe.path}: {error}") from None
+    _check_model_fits_data(the_plan, model)
     # Keras 3.15's own train function fails with steps_per_execution > 1 on 2+ Mirrored replicas
     # (keras-team/keras#19246) and on every MultiWorkerMirroredStrategy; see loop.py.
     loop.use_multi_step_loop(model, recipe.runtime.loop)
@@ -625,6 +658,24 @@ def _output_failure(the_plan: Plan, error: BaseException) -> OutputDirError | No
     )
 
 
+def _label_range(the_plan: Plan, error: BaseException) -> RecipeError | None:
+    """Keras' 'label value outside the valid range' (more classes in the data than the model has) as a RecipeError."""
+    import re
+
+    found = re.search(
+        r"Received a label value of (-?\d+) which is outside the valid range of \[0, (\d+)\)",
+        str(error),
+    )
+    if not found:
+        return None
+    label, classes = int(found.group(1)), int(found.group(2))
+    return RecipeError(
+        f"{the_plan.recipe.path}: data.source={the_plan.recipe.data.source!r} has label {label}, but model "
+        f"{the_plan.recipe.model.name!r} outputs {classes} classes. Fix: set the model's class count above the "
+        f"largest label (e.g. --set model.num_classes={label + 1}) or check the labels."
+    )
+
+
 @contextlib.contextmanager
 def _explained(the_plan: Plan):
     """Errors met while building, training and evaluating: a corrupt record becomes a RecipeError naming the file
@@ -641,7 +692,7 @@ def _explained(the_plan: Plan):
         corrupt = data.explain_data_error(error, config.source, splits, config.options)
         if corrupt is not None:
             raise RecipeError(f"{the_plan.recipe.path}: data: {corrupt}") from None
-        failure = _output_failure(the_plan, error)
+        failure = _output_failure(the_plan, error) or _label_range(the_plan, error)
         if failure is not None:
             raise failure from None
         diagnose.annotate(error)
