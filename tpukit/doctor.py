@@ -502,8 +502,9 @@ def check_accelerator(
             Finding(
                 "fail",
                 "accelerator",
-                f"this is a pod slice of {runtime.hosts} TPU hosts: every host must run the same program and "
-                "connect through the slice's TPU name, which is not set.",
+                f"this is a pod slice of {runtime.hosts} TPU hosts: TensorFlow reaches the slice's hosts through "
+                "the slice's TPU name (TPUClusterResolver), which is not set. (Where to start the program on a "
+                "slice, one host or all, is Google's Cloud TPU pod-slice guide's call; tpukit has not run on one.)",
                 "set $TPU_NAME to the slice's name on every host (or pass --tpu=NAME), and "
                 '`pip install "tpukit[tpu,tpu-name]"` (the Cloud TPU API client)',
             )
