@@ -169,11 +169,11 @@ def _tiny_model():
     return model
 
 
-def test_two_bad_batches_in_one_checkpoint_interval_are_both_skipped(tmp_path):
-    # Batches 15 and 18 hold NaN: the second rollback lands on the same checkpoint (step 10) and must keep the first
-    # skipped window (6 batches) as well as add its own.
+def _train_over_bad_rows(tmp_path, bad_rows, max_nan_retries):
+    """fit_with_recovery on 64 batches whose `bad_rows` hold NaN, checkpoints every 10 steps, 2 epochs of 20 steps;
+    returns (outcome, checkpointer, model, the data positions each fit segment started at)."""
     features = np.ones((64, 4, 2), "float32")
-    features[[15, 18]] = np.nan
+    features[list(bad_rows)] = np.nan
     batches = tf.data.Dataset.from_tensor_slices((features, np.zeros((64, 4), "int64")))
     model = _tiny_model()
     checkpointer = checkpoint_lib.Checkpointer(str(tmp_path), model, model.optimizer)
@@ -191,9 +191,16 @@ def test_two_bad_batches_in_one_checkpoint_interval_are_both_skipped(tmp_path):
         epochs=2,
         callbacks=[],
         checkpoint_every_steps=10,
-        max_nan_retries=2,
+        max_nan_retries=max_nan_retries,
         verbose=0,
     )
+    return outcome, checkpointer, model, positions
+
+
+def test_two_bad_batches_in_one_checkpoint_interval_are_both_skipped(tmp_path):
+    # Batches 15 and 18 hold NaN: the second rollback lands on the same checkpoint (step 10) and must keep the first
+    # skipped window (6 batches) as well as add its own.
+    outcome, _, _, positions = _train_over_bad_rows(tmp_path, [15, 18], max_nan_retries=2)
     assert outcome.status == "done" and outcome.nan_rollbacks == 2
     # step 10 at data 16 hits row 18 at step 13: skip 3 more (6 + 3 = 9), step 10 resumes at data 19
     assert positions[:3] == [0, 16, 19] and outcome.skipped_steps == 9
@@ -201,28 +208,8 @@ def test_two_bad_batches_in_one_checkpoint_interval_are_both_skipped(tmp_path):
 
 def test_a_nan_caused_by_a_batch_is_skipped_after_the_rollback(tmp_path):
     # Batch 15 of the data holds a NaN. Retrying from step 10 on the same data would hit it every time.
-    features = np.ones((64, 4, 2), "float32")
-    features[15] = np.nan
-    labels = np.zeros((64, 4), "int64")
-    batches = tf.data.Dataset.from_tensor_slices((features, labels))
-    model = _tiny_model()
-    checkpointer = checkpoint_lib.Checkpointer(str(tmp_path), model, model.optimizer)
-    positions = []
-
-    def make_dataset(position):
-        positions.append(position)
-        return batches.skip(position)
-
-    outcome = trainer.fit_with_recovery(
-        model,
-        make_dataset,
-        checkpointer=checkpointer,
-        steps_per_epoch=20,
-        epochs=2,
-        callbacks=[],
-        checkpoint_every_steps=10,
-        max_nan_retries=1,
-        verbose=0,
+    outcome, checkpointer, model, positions = _train_over_bad_rows(
+        tmp_path, [15], max_nan_retries=1
     )
     assert outcome.status == "done" and outcome.nan_rollbacks == 1
     assert (

@@ -258,14 +258,20 @@ def check_versions(
     return findings
 
 
+def _tpu_fix() -> str:
+    return f"`{versions.pinned_tpu().install_command()}`, {RESTART}"
+
+
+def _cpu_fix() -> str:
+    low, high = (".".join(map(str, v)) for v in (versions.MIN_TF, versions.MAX_TF_EXCLUSIVE))
+    return f'`pip install "tensorflow>={low},<{high}"`, {RESTART}'
+
+
 def _check_tensorflow(runtime: Runtime, installed: dict[str, str | None]) -> list[Finding]:
     """The TensorFlow build against this runtime: a TPU build on a TPU VM, the declared range elsewhere."""
     findings = []
-    pinned = versions.pinned_tpu()
-    tpu_fix = f"`{pinned.install_command()}`, {RESTART}"
-    low = ".".join(map(str, versions.MIN_TF))
-    high = ".".join(map(str, versions.MAX_TF_EXCLUSIVE))
-    cpu_fix = f'`pip install "tensorflow>={low},<{high}"`, {RESTART}'
+    tpu_fix = _tpu_fix()
+    cpu_fix = _cpu_fix()
     tf_cpu = installed.get("tensorflow") or installed.get("tensorflow-cpu")
     tf_tpu = installed.get("tensorflow-tpu")
     wants_tpu_build = runtime.accelerator == "tpu_vm"
@@ -290,7 +296,7 @@ def _check_tpu_build(runtime: Runtime, installed: dict[str, str | None]) -> list
     """On a TPU VM: the TensorFlow build must be tensorflow-tpu with its libtpu (the pinned row)."""
     findings = []
     pinned = versions.pinned_tpu()
-    tpu_fix = f"`{pinned.install_command()}`, {RESTART}"
+    tpu_fix = _tpu_fix()
     tf_cpu = installed.get("tensorflow") or installed.get("tensorflow-cpu")
     tf_tpu = installed.get("tensorflow-tpu")
     libtpu = installed.get("libtpu")
@@ -353,9 +359,8 @@ def _check_tpu_build(runtime: Runtime, installed: dict[str, str | None]) -> list
 def _check_other_build(runtime: Runtime, installed: dict[str, str | None]) -> list[Finding]:
     """Elsewhere: a TensorFlow in the declared range (and the TPU build for a TPU Node)."""
     findings = []
-    low = ".".join(map(str, versions.MIN_TF))
-    high = ".".join(map(str, versions.MAX_TF_EXCLUSIVE))
-    cpu_fix = f'`pip install "tensorflow>={low},<{high}"`, {RESTART}'
+    cpu_fix = _cpu_fix()
+    low, high = (".".join(map(str, v)) for v in (versions.MIN_TF, versions.MAX_TF_EXCLUSIVE))
     tf_cpu = installed.get("tensorflow") or installed.get("tensorflow-cpu")
     tf_tpu = installed.get("tensorflow-tpu")
     libtpu = installed.get("libtpu")
