@@ -78,8 +78,9 @@ def _bf16_logits_model(num_classes=10):
     return keras.Model(inputs, keras.layers.Dense(num_classes)(keras.layers.Flatten()(inputs)))
 
 
-@pytest.fixture(scope="module", autouse=True)
+@pytest.fixture(autouse=True)
 def _registered():
+    # Per test: conftest restores the registries after each test, so these names never reach other test files.
     tpukit.register_source("check_test_ragged", _ragged_source)
     tpukit.register_source("check_test_python", _python_source)
     tpukit.register_model("check_test_strings", _strings_model)
