@@ -406,3 +406,33 @@ def test_main_on_this_cpu_machine_says_cpu_and_exits_0(capsys, monkeypatch):
     report = json.loads(capsys.readouterr().out)
     assert report["ok"] is True and report["runtime"]["accelerator"] == "cpu"
     assert report["accelerator"]["replicas"] == 1 and report["accelerator"]["tpu_build"] is False
+
+
+def test_on_a_tpu_vm_a_failing_tpu_name_falls_back_to_the_attached_tpu():
+    seen = []
+
+    def fake_connect(tpu):
+        seen.append(tpu)
+        if tpu != "local":
+            raise strategy.TPUConnectionError("could not connect") from ValueError(
+                "Please provide a TPU Name to connect to."
+            )
+        return {"strategy": "TPUStrategyV2", "replicas": 8}
+
+    details, findings = doctor.check_accelerator(
+        detect({"ISTPUVM": "1", "TPU_NAME": "old-node"}), connect=fake_connect
+    )
+    assert seen == ["old-node", "local"] and details["replicas"] == 8
+    assert [f.level for f in findings] == ["warn", "ok"]
+    assert "tpu='old-node' failed" in findings[0].message and "--tpu local" in findings[0].fix
+
+
+def test_when_every_way_fails_each_attempt_is_reported():
+    def fake_connect(tpu):
+        raise RuntimeError(f"no TPU at {tpu}")
+
+    _, (finding,) = doctor.check_accelerator(
+        detect({"ISTPUVM": "1", "TPU_NAME": "old-node"}), connect=fake_connect
+    )
+    assert finding.level == "fail"
+    assert "tpu='old-node' failed" in finding.message and "tpu='local' failed" in finding.message

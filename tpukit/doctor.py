@@ -514,15 +514,38 @@ def check_accelerator(
                 '`pip install "tpukit[tpu,tpu-name]"` (the Cloud TPU API client)',
             )
         ]
-    try:
-        details = connect(wanted)
-    except Exception as error:  # noqa: BLE001 - every failure is reported, none is raised
-        explanation = diagnose.explain(error)
-        message = f"connecting failed: {type(error).__name__}: {str(error)[:600]}"
-        if explanation and explanation not in message:
-            message += f" {explanation}"
-        return {}, [Finding("fail", "accelerator", message)]
+    # The ways that work in practice: the TPU asked for or detected, then, for a TPU by name, the attached TPU ("local":
+    # Colab and Kaggle TPU VMs need it, and a stale $TPU_NAME or $COLAB_TPU_ADDR is a common cause of failure).
+    attempts = [wanted] + (
+        ["local"]
+        if runtime.accelerator in ("tpu_vm", "tpu_node")
+        and wanted != "local"
+        and not str(wanted).startswith("grpc://")
+        else []
+    )
+    failures, details = [], None
+    for attempt in attempts:
+        try:
+            details = connect(attempt)
+            break
+        except Exception as error:  # noqa: BLE001 - every failure is reported, none is raised
+            explanation = diagnose.explain(error)
+            message = f"connecting with tpu={attempt!r} failed: {type(error).__name__}: {str(error)[:600]}"
+            if explanation and explanation not in message:
+                message += f" {explanation}"
+            failures.append(message)
+    if details is None:
+        return {}, [Finding("fail", "accelerator", " Then: ".join(failures))]
     findings = []
+    if failures:
+        findings.append(
+            Finding(
+                "warn",
+                "accelerator",
+                f"{failures[0]} It worked with tpu='local'.",
+                "use --tpu local (or TPU_NAME=local, tpukit.connect(tpu='local')), and unset the stale setting",
+            )
+        )
     expected_tpu = runtime.accelerator in ("tpu_vm", "tpu_node") or tpu
     got_tpu = details.get("strategy", "").startswith("TPU")
     line = f"{details.get('strategy')} with {details.get('replicas')} replica(s)"
