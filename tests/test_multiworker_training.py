@@ -70,24 +70,26 @@ def test_two_workers_train_with_the_single_device_losses(tmp_path):
             assert abs(a - b) < 1e-5
 
 
+def _cli_args(output_dir, *sets, extra=()):
+    """`args_for(index)` for start_workers: the digits recipe through the CLI with `--set` for each of `sets`."""
+    command = [
+        sys.executable,
+        "-m",
+        "tpukit.train",
+        "recipes/digits_cnn.yaml",
+        "--output_dir",
+        str(output_dir),
+    ]
+    for setting in sets:
+        command += ["--set", setting]
+    return lambda index: [*command, *extra]
+
+
 def test_the_cli_trains_a_recipe_on_a_two_worker_cluster(tmp_path):
     output_dir = tmp_path / "run"  # one directory for both workers, as on a shared file system
-
-    def args(index):
-        return [
-            sys.executable,
-            "-m",
-            "tpukit.train",
-            "recipes/digits_cnn.yaml",
-            "--output_dir",
-            str(output_dir),
-            "--set",
-            "train.epochs=1",
-            "--set",
-            "data.global_batch_size=32",
-            "--set",
-            "runtime.steps_per_execution=2",
-        ]
+    args = _cli_args(
+        output_dir, "train.epochs=1", "data.global_batch_size=32", "runtime.steps_per_execution=2"
+    )
 
     codes = start_workers(tmp_path, args)
     logs = [(tmp_path / f"worker{i}.log").read_text() for i in range(2)]
@@ -111,24 +113,13 @@ def test_the_cli_trains_a_recipe_on_a_two_worker_cluster(tmp_path):
 def test_sigterm_on_one_worker_stops_every_worker_at_the_same_step_and_all_resume(tmp_path):
     # A preempted host gets SIGTERM alone: here worker 1 (not the chief) at step 10 of 44.
     output_dir = tmp_path / "run"
-
-    def args(index):
-        return [
-            sys.executable,
-            "-m",
-            "tpukit.train",
-            "recipes/digits_cnn.yaml",
-            "--output_dir",
-            str(output_dir),
-            "--set",
-            "train.epochs=1",
-            "--set",
-            "data.global_batch_size=32",
-            "--set",
-            "runtime.steps_per_execution=2",
-            "--set",
-            "data.deterministic=true",
-        ]
+    args = _cli_args(
+        output_dir,
+        "train.epochs=1",
+        "data.global_batch_size=32",
+        "runtime.steps_per_execution=2",
+        "data.deterministic=true",
+    )
 
     codes = start_workers(
         tmp_path, args, env_for=lambda i: {"TPUKIT_TEST_SIGTERM_AT_STEP": "10"} if i == 1 else {}
@@ -149,25 +140,15 @@ def test_sigterm_on_one_worker_stops_every_worker_at_the_same_step_and_all_resum
 
 
 def _digits_args(output_dir, *extra):
-    return lambda index: [
-        sys.executable,
-        "-m",
-        "tpukit.train",
-        "recipes/digits_cnn.yaml",
-        "--output_dir",
-        str(output_dir),
-        "--set",
+    return _cli_args(
+        output_dir,
         "train.epochs=2",
-        "--set",
         "data.global_batch_size=32",
-        "--set",
         "runtime.steps_per_execution=2",
-        "--set",
         "runtime.checkpoint_every_steps=4",
-        "--set",
         "data.deterministic=true",
-        *extra,
-    ]
+        extra=extra,
+    )
 
 
 def test_a_killed_worker_stops_the_other_with_a_clear_message_and_all_resume(tmp_path):

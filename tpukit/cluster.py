@@ -26,6 +26,23 @@ def is_multi_worker(strategy) -> bool:
     return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
 
 
+def any_worker_function(strategy):
+    """For a MultiWorkerMirroredStrategy, `agree(flag) -> bool`: True when the flag is set on any worker (one scalar
+    all-reduce, called by every worker at the end of the same execution); None for other strategies."""
+    import tensorflow as tf
+
+    if not is_multi_worker(strategy):
+        return None
+
+    @tf.function
+    def count(flag):
+        return strategy.reduce(
+            tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.identity(flag)), axis=None
+        )
+
+    return lambda flag: bool(count(tf.constant(1 if flag else 0, tf.int32)) > 0)
+
+
 def gather(strategy, values: list[int]) -> np.ndarray:
     """`values` (int64s) of every replica of the cluster, as rows: shape [replicas, len(values)]. Every worker must
     call it at the same point, like any collective."""

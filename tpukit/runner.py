@@ -680,32 +680,35 @@ def _label_range(the_plan: Plan, error: BaseException) -> RecipeError | None:
 def _explained(the_plan: Plan):
     """Errors met while building, training and evaluating: a corrupt record becomes a RecipeError naming the file
     and record (checkpoints stay as they are); a known environment error gets its cause and fix attached."""
-    import tensorflow as tf
-
-    from tpukit import data, diagnose
+    from tpukit import diagnose
 
     try:
         yield
-    except tf.errors.OpError as error:
+    except Exception as error:
+        failure = _recipe_or_output_failure(the_plan, error)
+        if failure is not None:
+            raise failure from None
+        diagnose.annotate(error)
+        raise
+
+
+def _recipe_or_output_failure(the_plan: Plan, error: BaseException) -> Exception | None:
+    """The tpukit error that `error` means, or None: a corrupt record or a label beyond the model's classes
+    (RecipeError), or an output directory that stopped taking writes (OutputDirError)."""
+    import tensorflow as tf
+
+    from tpukit import data
+
+    if isinstance(error, tf.errors.OpError):
         config = the_plan.recipe.data
         splits = [s for s in (config.train_split, config.eval_split) if s]
         corrupt = data.explain_data_error(error, config.source, splits, config.options)
         if corrupt is not None:
-            raise RecipeError(f"{the_plan.recipe.path}: data: {corrupt}") from None
-        failure = _output_failure(the_plan, error) or _label_range(the_plan, error)
-        if failure is not None:
-            raise failure from None
-        diagnose.annotate(error)
-        raise
-    except OSError as error:
-        failure = _output_failure(the_plan, error)
-        if failure is not None:
-            raise failure from None
-        diagnose.annotate(error)
-        raise
-    except Exception as error:
-        diagnose.annotate(error)
-        raise
+            return RecipeError(f"{the_plan.recipe.path}: data: {corrupt}")
+        return _output_failure(the_plan, error) or _label_range(the_plan, error)
+    if isinstance(error, OSError):
+        return _output_failure(the_plan, error)
+    return None
 
 
 # The seam for a second execution engine: `run` composes `build`, `train`, `evaluate`, `export` and `report`, which

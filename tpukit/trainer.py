@@ -29,6 +29,7 @@ import threading
 import keras
 
 from tpukit import checkpoint as checkpoint_lib
+from tpukit import cluster
 
 logger = logging.getLogger("tpukit")
 
@@ -63,7 +64,7 @@ class TrainingGuard(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         if threading.current_thread() is threading.main_thread():
             self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
-        self._agree = _any_worker_function(self.model.distribute_strategy)
+        self._agree = cluster.any_worker_function(self.model.distribute_strategy)
 
     def on_train_end(self, logs=None):
         if self._previous_handler is not None:
@@ -117,23 +118,6 @@ class TrainingGuard(keras.callbacks.Callback):
             # A periodic save may have written this step before the epoch-end callbacks (early stopping, best.keras)
             # updated the run state: write it again so the state is in the checkpoint.
             self._save(again=True)
-
-
-def _any_worker_function(strategy):
-    """For a MultiWorkerMirroredStrategy, `agree(flag) -> bool`: True when the flag is set on any worker (one scalar
-    all-reduce, called by every worker at the end of the same execution); None for other strategies."""
-    import tensorflow as tf
-
-    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-        return None
-
-    @tf.function
-    def count(flag):
-        return strategy.reduce(
-            tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.identity(flag)), axis=None
-        )
-
-    return lambda flag: bool(count(tf.constant(1 if flag else 0, tf.int32)) > 0)
 
 
 @dataclasses.dataclass
