@@ -27,16 +27,15 @@ def test_the_plan_holds_every_decision_and_writes_nothing(tmp_path):
     )
     assert (plan.train_examples, plan.eval_examples) == (1437, 360)
     assert (plan.steps_per_epoch, plan.total_steps) == (44, 88)
-    assert (
-        plan.steps_per_execution == 11 and plan.eval_steps == 22
-    )  # 12 eval steps, rounded up to whole executions
+    # 12 eval steps: one pass, not padded to whole executions (Keras ends the last execution with the data)
+    assert plan.steps_per_execution == 11 and plan.eval_steps == 12
     assert (plan.precision, plan.jit_compile) == ("float32", False)
     assert plan.checkpoint_dir == str(out / "checkpoints") and plan.resume_step == 0
     assert not out.exists()
     text = plan.describe()
     assert (
         "global batch 32 = 1 replica(s) x 32 per replica" in text
-        and "22 eval steps over 360 examples" in text
+        and "12 eval steps over 360 examples" in text
     )
     with pytest.raises(dataclasses.FrozenInstanceError):
         plan.replicas = 2

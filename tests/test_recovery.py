@@ -56,7 +56,7 @@ def exported_counts(output_dir):
 @pytest.mark.parametrize("replicas", [1, 2])
 def test_eval_is_exact_when_eval_steps_do_not_divide_by_steps_per_execution(tmp_path, replicas):
     # 360 test images / 32 = 12 eval steps; steps_per_execution 11 (a divisor of the 44-step epoch) does not
-    # divide 12: Keras runs 2 whole executions (22 batches) over a repeated eval dataset.
+    # divide 12: the second execution of each eval pass must end where the finite pass ends (1 batch in).
     strategy = mirrored(2) if replicas == 2 else None
     metrics = run(recipe(**{"runtime.steps_per_execution": 11}), str(tmp_path), strategy=strategy)
     assert metrics["steps_per_execution"] == 11 and metrics["eval_examples"] == 360

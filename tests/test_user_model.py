@@ -148,7 +148,8 @@ def test_fit_trains_your_model_on_arrays_and_resumes_after_sigterm(tmp_path, mon
     assert (
         whole["step"] == 16 and whole["steps_per_execution"] == 4 and whole["eval_examples"] == 100
     )
-    # eval loss is exact although 100 examples take 2 steps padded to one execution of 4 (zero-weight batches)
+    # eval loss is exact although 100 examples take 2 steps (the second completed with zero-weight examples) in an
+    # execution of 4 that ends early where the finite pass ends
     assert whole["eval"]["loss"] == pytest.approx(whole["eval"]["cross_entropy"], abs=1e-5)
     monkeypatch.setenv("TPUKIT_TEST_SIGTERM_AT_STEP", "4")
     assert (

@@ -180,9 +180,14 @@ class StepTensorBoard(keras.callbacks.TensorBoard):
 
 
 class ExactValidationLoss(keras.callbacks.Callback):
-    """Replaces Keras' `val_loss` in the epoch logs by the exact `val_weighted_loss` (`tpukit.losses.WeightedLoss`),
-    before the other callbacks (TensorBoard, early stopping, best.keras) read it. Keras' own weights every eval batch
-    by its size, zero-weight padding batches included."""
+    """Reports the exact `weighted_loss` (`tpukit.losses.WeightedLoss`) as `loss` in the logs the other callbacks
+    see (progress bar, TensorBoard, early stopping, best.keras): `val_loss` at each epoch end, and `loss` at the end
+    of an evaluation (what `evaluate` prints; its return value is a separate dict). Keras' own loss weights every eval batch by its size,
+    so the zero-weight examples that complete the last batch pull it down."""
+
+    def on_test_end(self, logs=None):
+        if logs is not None and "weighted_loss" in logs:
+            logs["loss"] = logs["weighted_loss"]
 
     def on_epoch_end(self, epoch, logs=None):
         if logs is not None and "val_weighted_loss" in logs:

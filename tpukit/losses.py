@@ -83,8 +83,8 @@ def build_loss(train, reduction="mean_with_sample_weight") -> keras.losses.Loss:
 class WeightedLoss(keras.metrics.Mean):
     """The training loss (cross-entropy with `label_smoothing`) averaged over examples by their sample weights.
 
-    Keras' own `loss` metric weights every batch by its size, so eval batches of zero-weight padding (tpukit pads an
-    eval pass to whole executions) pull it down; this one is exact. `callbacks.ExactValidationLoss` and
+    Keras' own `loss` metric weights every batch by its size, so the zero-weight examples that complete the last
+    eval batch pull it down; this one is exact. `callbacks.ExactValidationLoss` and
     `runner.evaluate` report it as `val_loss` / `loss`. Regularization terms (`model.losses`) are not included.
     """
 

@@ -107,7 +107,7 @@ class Plan:
     steps_per_execution: (
         int | str
     )  # "auto": decided by `runner.build`'s probe, then `resolved(...)`
-    eval_steps: int | None  # whole executions of steps_per_execution; None without evaluation
+    eval_steps: int | None  # global steps of one pass over the eval split; None without evaluation
     precision: str
     precision_reason: str
     jit_compile: bool
@@ -138,25 +138,8 @@ class Plan:
         return self.mode != "eval"
 
     def resolved(self, steps_per_execution: int) -> Plan:
-        """This plan with `steps_per_execution` fixed (after the auto probe) and the eval steps that follow."""
-        return dataclasses.replace(
-            self,
-            steps_per_execution=steps_per_execution,
-            eval_steps=self._eval_steps(steps_per_execution)
-            if self.evaluating or self.eval_steps
-            else None,
-        )
-
-    def _eval_steps(self, steps_per_execution: int) -> int:
-        from tpukit.data import padded_eval_steps
-
-        # Whole executions: Keras evaluates whole executions only, and the extra batches weigh zero.
-        return padded_eval_steps(
-            self.eval_examples,
-            self.eval_global_batch_size,
-            self.input_pipelines,
-            steps_per_execution,
-        )
+        """This plan with `steps_per_execution` fixed (after the auto probe)."""
+        return dataclasses.replace(self, steps_per_execution=steps_per_execution)
 
     def describe(self) -> str:
         """The plan as the block the CLI logs once."""
@@ -167,12 +150,7 @@ class Plan:
             f"per replica; eval global batch {self.eval_global_batch_size}",
             f"{self.steps_per_epoch} steps per epoch over {self.train_examples} examples, {self.total_steps} steps in all; "
             + (
-                (
-                    "eval steps set with steps_per_execution"
-                    if self.steps_per_execution == "auto"
-                    else f"{self.eval_steps} eval steps"
-                )
-                + f" over {self.eval_examples} examples"
+                f"{self.eval_steps} eval steps over {self.eval_examples} examples"
                 if self.evaluating
                 else "no evaluation"
             ),
@@ -358,6 +336,7 @@ def plan(
     no model; `runner.build` raises the rest (the model against its data and checkpoint, the cluster's agreement)
     before anything is written.
     """
+    from tpukit import data as data_lib
     from tpukit.export import io_device_for
     from tpukit.strategy import kind_of, num_input_pipelines, worker_subdir
 
@@ -413,7 +392,15 @@ def plan(
         steps_per_epoch=steps_per_epoch,
         total_steps=total_steps,
         steps_per_execution=steps_per_execution,
-        eval_steps=0 if evaluating else None,
+        # One pass, not padded to whole executions: Keras' loop ends an execution early when a finite dataset runs
+        # out (`get_next_as_optional`), so padding batches would only cost time.
+        eval_steps=(
+            data_lib.eval_steps(
+                eval_examples, eval_batch_size(recipe), num_input_pipelines(strategy)
+            )
+            if evaluating
+            else None
+        ),
         precision=precision.value,
         precision_reason=precision.reason,
         jit_compile=jit.value,
@@ -426,4 +413,4 @@ def plan(
         corrupt=corrupt,
         worker=subdir,
     )
-    return result if steps_per_execution == "auto" else result.resolved(steps_per_execution)
+    return result

@@ -55,7 +55,7 @@ __all__ = [
 
 
 def input_fns(recipe: Recipe, eval_examples: int, steps_per_epoch: int | None = None):
-    """`(train_fn(input_context, skip_steps), eval_fn(input_context, steps))`: the recipe's tf.data pipelines."""
+    """`(train_fn(input_context, skip_steps), eval_fn(input_context))`: the recipe's tf.data pipelines."""
     import keras
 
     from tpukit import data
@@ -98,7 +98,8 @@ def input_fns(recipe: Recipe, eval_examples: int, steps_per_epoch: int | None = 
             **pipeline_knobs,
         )
 
-    def eval_fn(input_context, steps=None):
+    def eval_fn(input_context):
+        """One finite pass; the last batch is completed with zero-weight examples (static shapes)."""
         examples, cache = examples_and_cache(config.eval_split, input_context, training=False)
         return data.eval_batches(
             examples,
@@ -106,8 +107,6 @@ def input_fns(recipe: Recipe, eval_examples: int, steps_per_epoch: int | None = 
             eval_batch_size(recipe),
             input_context,
             cache=cache,
-            repeat=True,
-            steps=steps,
             **pipeline_knobs,
         )
 
@@ -302,7 +301,10 @@ def _eval_dataset(the_plan: Plan):
     from tpukit import data
 
     _, eval_fn = input_fns(the_plan.recipe, the_plan.eval_examples, the_plan.steps_per_epoch)
-    return lambda: data.distribute(the_plan.strategy, lambda ctx: eval_fn(ctx, the_plan.eval_steps))
+    # A finite dataset read with `steps=plan.eval_steps`: Keras makes a new iterator for every evaluation, and its
+    # loop ends the last execution where the data ends, so an evaluation is one exact pass at any
+    # steps_per_execution (tests/test_recovery.py counts the examples against the exported model).
+    return lambda: data.distribute(the_plan.strategy, eval_fn)
 
 
 def _resolve_steps_per_execution(the_plan: Plan) -> Plan:
@@ -488,20 +490,24 @@ def train(session: Session, callbacks: list | None = None):
 
 
 def evaluate(session: Session, outcome) -> dict[str, float]:
-    """One exact pass over the eval split (zero-weight padding, whole executions); {} without evaluation."""
+    """One exact pass over the eval split (the last batch completed with zero-weight examples); {} without
+    evaluation."""
     the_plan = session.plan
     if not the_plan.evaluating or outcome.status == "preempted":
         return {}
+    from tpukit.callbacks import ExactValidationLoss
+
     results = session.model.evaluate(
         _eval_dataset(the_plan)(),
         steps=the_plan.eval_steps,
         return_dict=True,
         verbose=_verbose(the_plan.recipe.runtime.verbose),
+        callbacks=[ExactValidationLoss()],  # the printed `loss` over the real examples
     )
     results = {k: float(v) for k, v in results.items()}
     if (
         "weighted_loss" in results
-    ):  # exact over the real examples; Keras' `loss` counts the padding batches
+    ):  # the returned one (Keras' CallbackList hands callbacks a copy of the logs)
         results["loss"] = results["weighted_loss"]
     return results
 

@@ -63,7 +63,7 @@ def smoke_recipe(
     """The synthetic recipe as a dict (what a YAML file would hold), sized for `replicas` devices.
 
     The eval batch is 3/4 of the training batch, so the eval split (4 training batches of examples) ends in a
-    partly padded batch and the padding to whole executions is exercised too.
+    partly padded batch and the last execution of an eval pass ends early (where the finite pass ends).
     """
     per_replica, steps = SIZES["accelerator" if accelerator else "cpu"]
     global_batch = per_replica * replicas

@@ -120,6 +120,21 @@ class TrainingGuard(keras.callbacks.Callback):
             self._save(again=True)
 
 
+class FreshValidationPass(keras.callbacks.Callback):
+    """Starts every validation of `fit` on a fresh iterator over the finite eval dataset.
+
+    Keras 3.15's `fit` caches one eval `EpochIterator` (backend/tensorflow/trainer.py, `_eval_epoch_iterator`), and
+    under a strategy `evaluate` first draws a batch from its current iterator to build the model
+    (`_maybe_symbolic_build`) before resetting it. Where Keras sizes the distributed dataset by its per-replica batch
+    count (2+ replicas per input pipeline) it keeps the exhausted iterator of the previous pass, so the second
+    validation stopped with StopIteration. Resetting at the end of each pass makes the next one start fresh."""
+
+    def on_test_end(self, logs=None):
+        iterator = getattr(self.model, "_eval_epoch_iterator", None)
+        if iterator is not None:
+            iterator.reset()
+
+
 @dataclasses.dataclass
 class Outcome:
     status: str  # "done", "preempted", "early_stopped"
@@ -173,7 +188,7 @@ def fit_with_recovery(
             make_dataset(checkpointer.data_position),
             guard,
             _span(checkpointer.step, steps_per_epoch, epochs),
-            callbacks=[*callbacks, guard],
+            callbacks=[*callbacks, FreshValidationPass(), guard],
             validation_data=validation_data() if validation_data else None,
             validation_steps=validation_steps,
             validation_freq=validation_freq,

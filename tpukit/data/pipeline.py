@@ -297,12 +297,11 @@ def eval_batches(
     batches as every other pipeline, so metrics weighted by `weight` are exact and no replica waits for data.
     `num_examples` is the size of the whole split (all pipelines together); no pipeline's shard may hold more
     than `ceil(num_examples / num_input_pipelines)` examples, which example-level sharding (`shard`) guarantees.
-    `repeat=True` repeats the padded passes: needed for Keras' validation inside `fit`, whose cached iterator
-    sizes a distributed dataset by its per-replica batch count and would run dry at the second validation; pass
-    `steps=eval_steps(...)` so each evaluation is exactly one pass. `steps` (global steps per pass, at least
-    `eval_steps(...)`) pads each pass with whole zero-weight batches: `evaluate` with `steps_per_execution` > 1 runs
-    whole executions only, so a pass must be a multiple of it (`padded_eval_steps`). Other arguments are as in
-    `training_batches`.
+    Read it with `evaluate(steps=eval_steps(...))` (see `eval_steps`). Keras' loop ends an execution where a finite
+    dataset ends, so one pass is exact at any `steps_per_execution` (tpukit's runner reads it that way).
+    `repeat=True` repeats the passes, for loops that cannot end an execution early; then pass
+    `steps=padded_eval_steps(...)`, which pads each pass with whole zero-weight batches to whole executions (`steps`:
+    global steps per pass, at least `eval_steps(...)`). Other arguments are as in `training_batches`.
     """
     batch = per_replica_batch_size(global_batch_size, input_context)
     pipelines = input_context.num_input_pipelines if input_context else 1
