@@ -198,3 +198,68 @@ def test_resuming_mid_epoch_with_a_steps_per_execution_that_does_not_fit_is_refu
         info.value
     )
     assert "one of 1." in str(info.value)
+
+
+# ---- checkpoint cadence ----------------------------------------------------------------------------------------
+
+
+def _checkpoint_steps(output_dir):
+    return sorted(
+        int(name.split("-")[1].split(".")[0])
+        for name in os.listdir(os.path.join(output_dir, "checkpoints"))
+        if name.startswith("ckpt-") and name.endswith(".index")
+    )
+
+
+def test_epoch_end_saves_are_skipped_while_they_would_cost_more_than_the_overhead_bound(tmp_path):
+    # 4 epochs of 44 steps. A bound of 1e-6 allows the next save only 10^6 save-durations after the last one: the
+    # first epoch end saves (nothing measured yet), epochs 2 and 3 are skipped, and the last step always saves.
+    bounded = run(
+        recipe(**{"train.epochs": 4, "runtime.checkpoint_max_overhead": 1e-6}),
+        str(tmp_path / "bounded"),
+    )
+    assert bounded["step"] == 176 and _checkpoint_steps(tmp_path / "bounded") == [44, 176]
+    every = run(
+        recipe(
+            **{
+                "train.epochs": 4,
+                "runtime.checkpoint_max_overhead": None,
+                "runtime.max_checkpoints_to_keep": 5,
+            }
+        ),
+        str(tmp_path / "every"),
+    )
+    assert every["step"] == 176 and _checkpoint_steps(tmp_path / "every") == [44, 88, 132, 176]
+    # Skipping saves changes nothing else: same weights, and a rerun resumes from the last step.
+    for a, b in zip(weights(tmp_path / "bounded"), weights(tmp_path / "every"), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    again = run(recipe(**{"train.epochs": 4}), str(tmp_path / "bounded"))
+    assert again["resumed_from_step"] == 176 and again["step"] == 176
+
+
+def test_a_run_that_stops_early_saves_its_stop_although_the_bound_would_skip_that_epoch(tmp_path):
+    # patience 0 after a tiny learning rate: early stopping ends the run at an epoch end the bound would skip.
+    metrics = run(
+        recipe(
+            **{
+                "train.epochs": 6,
+                "train.learning_rate": 1e-9,
+                "train.warmup_steps": 0,
+                "train.early_stopping_patience": 1,
+                "train.early_stopping_metric": "val_accuracy",
+                "runtime.checkpoint_max_overhead": 1e-6,
+            }
+        ),
+        str(tmp_path),
+    )
+    assert metrics["status"] == "early_stopped"
+    assert _checkpoint_steps(tmp_path)[-1] == metrics["step"] < 6 * 44
+    again = run(recipe(**{"train.epochs": 6}), str(tmp_path))
+    assert again["status"] == "early_stopped" and again["step"] == metrics["step"]
+
+
+def test_checkpoint_max_overhead_is_checked_in_the_recipe():
+    with pytest.raises(RecipeError, match=r"runtime.checkpoint_max_overhead.*received 0"):
+        recipe(**{"runtime.checkpoint_max_overhead": 0})
+    with pytest.raises(RecipeError, match=r"runtime.checkpoint_max_overhead.*received 2"):
+        recipe(**{"runtime.checkpoint_max_overhead": 2})

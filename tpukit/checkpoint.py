@@ -20,6 +20,7 @@ import logging
 import math
 import os
 import re
+import time
 
 import tensorflow as tf
 
@@ -99,6 +100,8 @@ class Checkpointer:
         self.model = model
         self.optimizer = optimizer
         self.options = options
+        self.saved_at: float | None = None  # perf_counter() at the end of this process's last save
+        self.save_seconds = 0.0  # how long that save took
         self.state = RunState()
         self.checkpoint = tf.train.Checkpoint(
             model=model, optimizer=optimizer, rng=rng_variables(model), run_state=self.state
@@ -196,6 +199,16 @@ class Checkpointer:
             ) from None
 
     def save(self) -> str:
+        started = time.perf_counter()
         path = self.manager.save(checkpoint_number=self.step, options=self.options)
-        logger.debug("tpukit: saved checkpoint %s", path)
+        self.saved_at = time.perf_counter()
+        self.save_seconds = self.saved_at - started
+        logger.debug("tpukit: saved checkpoint %s in %.1f ms", path, self.save_seconds * 1e3)
         return path
+
+    def save_is_due(self, max_overhead: float | None) -> bool:
+        """False while one more save would make saving take more than `max_overhead` of the wall time since the
+        last save of this process (its duration is the estimate); True without a bound or a save to measure."""
+        if max_overhead is None or self.saved_at is None:
+            return True
+        return time.perf_counter() - self.saved_at >= self.save_seconds / max_overhead

@@ -472,6 +472,7 @@ def train(session: Session, callbacks: list | None = None):
         )
         + list(callbacks or []),
         checkpoint_every_steps=recipe.runtime.checkpoint_every_steps,
+        checkpoint_max_overhead=recipe.runtime.checkpoint_max_overhead,
         max_nan_retries=recipe.train.max_nan_retries,
         validation_data=_eval_dataset(the_plan) if the_plan.evaluating else None,
         validation_steps=the_plan.eval_steps,

@@ -6,8 +6,10 @@ every N steps); this module adds the same around an unmodified `model.fit`:
 
 * the loop calls `fit` in segments: a partial epoch first when a checkpoint is mid-epoch, then whole epochs, so a
   run interrupted at step k continues at step k, and the dataset skips the k batches already seen;
-* `TrainingGuard` (a callback) saves every `checkpoint_every_steps`, at each epoch end, and on SIGTERM (Colab
-  disconnects, preemptible TPU VMs) before stopping cleanly; it stops at the first non-finite loss without saving;
+* `TrainingGuard` (a callback) saves every `checkpoint_every_steps`, at epoch ends (skipping those where saving
+  would take more than `checkpoint_max_overhead` of the time since the last save), at the last step, and on SIGTERM
+  (Colab disconnects, preemptible TPU VMs) before stopping cleanly; it stops at the first non-finite loss without
+  saving;
 * after a NaN the loop restores the newest checkpoint, skips the batches from that checkpoint to the step that
   diverged (a retry on the same data with the same dropout draws would diverge again), and retries, up to
   `max_nan_retries` times; weights that are not finite are never checkpointed, even when the loss was finite;
@@ -25,6 +27,7 @@ import math
 import os
 import signal
 import threading
+import time
 
 import keras
 
@@ -44,10 +47,18 @@ class TrainingDivergedError(RuntimeError):
 class TrainingGuard(keras.callbacks.Callback):
     """Checkpoint cadence, SIGTERM handling and NaN detection for one `fit` segment."""
 
-    def __init__(self, checkpointer, checkpoint_every_steps: int | None):
+    def __init__(
+        self,
+        checkpointer,
+        checkpoint_every_steps: int | None,
+        max_overhead: float | None = None,
+        last_step: int | None = None,
+    ):
         super().__init__()
         self.checkpointer = checkpointer
         self.every = checkpoint_every_steps
+        self.max_overhead = max_overhead  # see checkpoint.Checkpointer.save_is_due
+        self.last_step = last_step
         self.diverged_at: int | None = None
         self.preempted = False
         self._sigterm = False
@@ -114,10 +125,33 @@ class TrainingGuard(keras.callbacks.Callback):
             self._save()
 
     def on_epoch_end(self, epoch, logs=None):
-        if self.diverged_at is None and not self.preempted:
-            # A periodic save may have written this step before the epoch-end callbacks (early stopping, best.keras)
-            # updated the run state: write it again so the state is in the checkpoint.
+        if self.diverged_at is not None or self.preempted:
+            return
+        step = self.checkpointer.step
+        if step == self._last_saved:
+            # A periodic save wrote this step before the epoch-end callbacks (early stopping, best.keras) updated
+            # the run state: write it again so the state is in the checkpoint.
             self._save(again=True)
+            return
+        due = (
+            self.model.stop_training
+            or (self.last_step is not None and step >= self.last_step)
+            or self.checkpointer.save_is_due(self.max_overhead)
+        )
+        if self._agree is not None:
+            due = self._agree(
+                due
+            )  # every worker keeps the same steps: a resume needs one they all have
+        if due:
+            self._save()
+        else:
+            logger.debug(
+                "tpukit: no checkpoint at step %d: the last save took %.1f ms, %.1f s ago (max overhead %g)",
+                step,
+                self.checkpointer.save_seconds * 1e3,
+                time.perf_counter() - self.checkpointer.saved_at,
+                self.max_overhead,
+            )
 
 
 class FreshValidationPass(keras.callbacks.Callback):
@@ -154,6 +188,7 @@ def fit_with_recovery(
     epochs: int,
     callbacks: list,
     checkpoint_every_steps: int | None = None,
+    checkpoint_max_overhead: float | None = None,
     max_nan_retries: int = 3,
     validation_data=None,
     validation_steps: int | None = None,
@@ -182,7 +217,9 @@ def fit_with_recovery(
         )
         return outcome("early_stopped")
     while checkpointer.step < total:
-        guard = TrainingGuard(checkpointer, checkpoint_every_steps)
+        guard = TrainingGuard(
+            checkpointer, checkpoint_every_steps, checkpoint_max_overhead, last_step=total
+        )
         result = _fit_segment(
             model,
             make_dataset(checkpointer.data_position),
