@@ -212,13 +212,14 @@ def _checkpoint_steps(output_dir):
 
 
 def test_epoch_end_saves_are_skipped_while_they_would_cost_more_than_the_overhead_bound(tmp_path):
-    # 4 epochs of 44 steps. A bound of 1e-6 allows the next save only 10^6 save-durations after the last one: the
-    # first epoch end saves (nothing measured yet), epochs 2 and 3 are skipped, and the last step always saves.
+    # 4 epochs of 44 steps. A bound of 1e-6 allows a save only 10^6 save-durations (~15 ms each, estimated from the
+    # checkpoint's size before the first) after the start or the last save: every epoch end is skipped, and the last
+    # step always saves.
     bounded = run(
         recipe(**{"train.epochs": 4, "runtime.checkpoint_max_overhead": 1e-6}),
         str(tmp_path / "bounded"),
     )
-    assert bounded["step"] == 176 and _checkpoint_steps(tmp_path / "bounded") == [44, 176]
+    assert bounded["step"] == 176 and _checkpoint_steps(tmp_path / "bounded") == [176]
     every = run(
         recipe(
             **{
@@ -253,7 +254,7 @@ def test_a_run_that_stops_early_saves_its_stop_although_the_bound_would_skip_tha
         str(tmp_path),
     )
     assert metrics["status"] == "early_stopped"
-    assert _checkpoint_steps(tmp_path)[-1] == metrics["step"] < 6 * 44
+    assert _checkpoint_steps(tmp_path) == [metrics["step"]] and metrics["step"] < 6 * 44
     again = run(recipe(**{"train.epochs": 6}), str(tmp_path))
     assert again["status"] == "early_stopped" and again["step"] == metrics["step"]
 
@@ -263,3 +264,22 @@ def test_checkpoint_max_overhead_is_checked_in_the_recipe():
         recipe(**{"runtime.checkpoint_max_overhead": 0})
     with pytest.raises(RecipeError, match=r"runtime.checkpoint_max_overhead.*received 2"):
         recipe(**{"runtime.checkpoint_max_overhead": 2})
+
+
+def test_a_save_is_due_once_the_time_since_the_last_outweighs_its_cost(tmp_path, monkeypatch):
+    from tpukit import checkpoint as checkpoint_lib
+
+    model = keras.Sequential(
+        [keras.Input((1000,)), keras.layers.Dense(1000)]
+    )  # 1,001,000 float32 weights
+    model.compile(optimizer="adam", loss="mse")
+    checkpointer = checkpoint_lib.Checkpointer(str(tmp_path), model, model.optimizer)
+    # Before any save: 15 ms + the bytes at 200 MB/s: the weights' 4,004,000 and the optimizer's step (int64) and
+    # learning rate (float32); Adam's slots are built lazily, at the first step or restore.
+    assert checkpointer.save_seconds == pytest.approx(0.015 + (4_004_000 + 8 + 4) / 200e6, rel=1e-9)
+    clock = [checkpointer.saved_at]
+    monkeypatch.setattr(checkpoint_lib.time, "perf_counter", lambda: clock[0])
+    assert checkpointer.save_is_due(None)
+    assert not checkpointer.save_is_due(0.02)
+    clock[0] += checkpointer.save_seconds / 0.02 * 1.001  # just over 50 save-durations later
+    assert checkpointer.save_is_due(0.02) and not checkpointer.save_is_due(0.01)

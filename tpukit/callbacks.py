@@ -179,16 +179,27 @@ class StepTensorBoard(keras.callbacks.TensorBoard):
         super()._log_epoch_metrics(_step(self.model), logs)
 
 
+def exact_loss_name(logs: dict, prefix: str = "") -> str | None:
+    """The logged metric that is the exact loss over the real examples: `weighted_loss` (`tpukit.losses.WeightedLoss`,
+    compiled with label smoothing), else `cross_entropy` (which is the loss without smoothing); None if neither."""
+    for name in ("weighted_loss", "cross_entropy"):
+        if prefix + name in logs:
+            return prefix + name
+    return None
+
+
 class ExactValidationLoss(keras.callbacks.Callback):
-    """Reports the exact `weighted_loss` (`tpukit.losses.WeightedLoss`) as `loss` in the logs the other callbacks
-    see (progress bar, TensorBoard, early stopping, best.keras): `val_loss` at each epoch end, and `loss` at the end
-    of an evaluation (what `evaluate` prints; its return value is a separate dict). Keras' own loss weights every eval batch by its size,
-    so the zero-weight examples that complete the last batch pull it down."""
+    """Reports the exact loss (`exact_loss_name`) as `loss` in the logs the other callbacks see (progress bar,
+    TensorBoard, early stopping, best.keras): `val_loss` at each epoch end, and `loss` at the end of an evaluation
+    (what `evaluate` prints; its return value is a separate dict). Keras' own loss weights every eval batch by its
+    size, so the zero-weight examples that complete the last batch pull it down."""
 
     def on_test_end(self, logs=None):
-        if logs is not None and "weighted_loss" in logs:
-            logs["loss"] = logs["weighted_loss"]
+        exact = exact_loss_name(logs or {})
+        if exact:
+            logs["loss"] = logs[exact]
 
     def on_epoch_end(self, epoch, logs=None):
-        if logs is not None and "val_weighted_loss" in logs:
-            logs["val_loss"] = logs["val_weighted_loss"]
+        exact = exact_loss_name(logs or {}, prefix="val_")
+        if exact:
+            logs["val_loss"] = logs[exact]

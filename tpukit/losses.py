@@ -84,8 +84,9 @@ class WeightedLoss(keras.metrics.Mean):
     """The training loss (cross-entropy with `label_smoothing`) averaged over examples by their sample weights.
 
     Keras' own `loss` metric weights every batch by its size, so the zero-weight examples that complete the last
-    eval batch pull it down; this one is exact. `callbacks.ExactValidationLoss` and
-    `runner.evaluate` report it as `val_loss` / `loss`. Regularization terms (`model.losses`) are not included.
+    eval batch pull it down; this one is exact. tpukit compiles it when `label_smoothing` > 0 (else the
+    cross-entropy metric is the loss), and `callbacks.ExactValidationLoss` and `runner.evaluate` report it as
+    `val_loss` / `loss`. Regularization terms (`model.losses`) are not included.
     """
 
     def __init__(self, label_smoothing: float = 0.0, name: str = "weighted_loss", dtype=None):

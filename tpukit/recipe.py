@@ -140,8 +140,9 @@ class RuntimeConfig:
     )
     checkpoint_every_steps: int | None = None  # null: at the end of every epoch only
     # Epoch-end saves are skipped while saving would take more than this fraction of the wall time since the last
-    # save (a 14 ms save after 0.1 s epochs costs 12%); null: save at every epoch end. The last step, SIGTERM and
-    # checkpoint_every_steps always save.
+    # save (a 14 ms save after 0.1 s epochs costs 12%); the first save's cost is estimated from the checkpoint's
+    # size. null: save at every epoch end. The last step, an early stop, SIGTERM and checkpoint_every_steps always
+    # save.
     checkpoint_max_overhead: float | None = 0.02
     max_checkpoints_to_keep: int = 3
     profile_steps: tuple[int, ...] | None = (

@@ -113,13 +113,28 @@ def input_fns(recipe: Recipe, eval_examples: int, steps_per_epoch: int | None = 
     return train_fn, eval_fn
 
 
+def exact_metrics(label_smoothing: float) -> list:
+    """Accuracy, cross-entropy and, with label smoothing, the smoothed training loss (`WeightedLoss`), all weighted
+    by the sample weights. Without smoothing the cross-entropy is the loss: a second metric would compute the softmax
+    over the logits once more every step (6% of a 32k-vocabulary transformer step here)."""
+    import keras
+
+    from tpukit.losses import WeightedLoss
+
+    metrics = [
+        keras.metrics.SparseCategoricalAccuracy(name="accuracy"),
+        keras.metrics.SparseCategoricalCrossentropy(from_logits=True, name="cross_entropy"),
+    ]
+    return metrics + ([WeightedLoss(label_smoothing)] if label_smoothing else [])
+
+
 def build_model(
     recipe: Recipe, strategy, total_steps: int, jit_compile: bool, steps_per_execution: int
 ):
     """The recipe's model, built and compiled under `strategy.scope()` (the global dtype policy is the caller's)."""
     import keras
 
-    from tpukit.losses import WeightedLoss, build_loss
+    from tpukit.losses import build_loss
     from tpukit.models import MODELS
     from tpukit.optim import build_optimizer
 
@@ -138,12 +153,8 @@ def build_model(
             # Mean over the real examples only: eval batches carry zero-weight padding (see data.eval_batches).
             loss=build_loss(recipe.train),
             # Weighted means over the real examples, exact on any number of replicas. Keras' own `loss` weights each
-            # replica's batch by its size, so padded eval batches pull it down slightly on multi-replica runs.
-            weighted_metrics=[
-                keras.metrics.SparseCategoricalAccuracy(name="accuracy"),
-                keras.metrics.SparseCategoricalCrossentropy(from_logits=True, name="cross_entropy"),
-                WeightedLoss(recipe.train.label_smoothing),
-            ],
+            # batch by its size, so the zero-weight examples completing the last eval batch pull it down.
+            weighted_metrics=exact_metrics(recipe.train.label_smoothing),
             jit_compile=jit_compile,
             steps_per_execution=steps_per_execution,
         )
@@ -496,7 +507,7 @@ def evaluate(session: Session, outcome) -> dict[str, float]:
     the_plan = session.plan
     if not the_plan.evaluating or outcome.status == "preempted":
         return {}
-    from tpukit.callbacks import ExactValidationLoss
+    from tpukit.callbacks import ExactValidationLoss, exact_loss_name
 
     results = session.model.evaluate(
         _eval_dataset(the_plan)(),
@@ -506,10 +517,9 @@ def evaluate(session: Session, outcome) -> dict[str, float]:
         callbacks=[ExactValidationLoss()],  # the printed `loss` over the real examples
     )
     results = {k: float(v) for k, v in results.items()}
-    if (
-        "weighted_loss" in results
-    ):  # the returned one (Keras' CallbackList hands callbacks a copy of the logs)
-        results["loss"] = results["weighted_loss"]
+    exact = exact_loss_name(results)
+    if exact:  # the returned one (Keras' CallbackList hands callbacks a copy of the logs)
+        results["loss"] = results[exact]
     return results
 
 

@@ -146,7 +146,7 @@ class TrainingGuard(keras.callbacks.Callback):
             self._save()
         else:
             logger.debug(
-                "tpukit: no checkpoint at step %d: the last save took %.1f ms, %.1f s ago (max overhead %g)",
+                "tpukit: no checkpoint at step %d: a save takes ~%.1f ms and the last was %.1f s ago (max overhead %g)",
                 step,
                 self.checkpointer.save_seconds * 1e3,
                 time.perf_counter() - self.checkpointer.saved_at,
