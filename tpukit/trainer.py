@@ -7,7 +7,8 @@ every N steps); this module adds the same around an unmodified `model.fit`:
 * the loop calls `fit` in segments: a partial epoch first when a checkpoint is mid-epoch, then whole epochs, so a
   run interrupted at step k continues at step k, and the dataset skips the k batches already seen;
 * `TrainingGuard` (a callback) saves every `checkpoint_every_steps`, at epoch ends (skipping those where saving
-  would take more than `checkpoint_max_overhead` of the time since the last save), at the last step, and on SIGTERM
+  would take more than `checkpoint_max_overhead` of the time since the last save), at the last step (once `fit`
+  returns, like the other outputs of a finished run), and on SIGTERM
   (Colab disconnects, preemptible TPU VMs) before stopping cleanly; it stops at the first non-finite loss without
   saving;
 * after a NaN the loop restores the newest checkpoint, skips the batches from that checkpoint to the step that
@@ -61,6 +62,7 @@ class TrainingGuard(keras.callbacks.Callback):
         self.last_step = last_step
         self.diverged_at: int | None = None
         self.preempted = False
+        self.final_save_pending = False
         self._sigterm = False
         self._previous_handler = None
         self._last_saved = checkpointer.step
@@ -96,6 +98,10 @@ class TrainingGuard(keras.callbacks.Callback):
         self.checkpointer.save()
         self._last_saved = self.checkpointer.step
         return True
+
+    def save_final(self) -> None:
+        """The last step's checkpoint, with the run state of its epoch end; called after `fit` returns."""
+        self._save(again=True)
 
     def on_train_batch_end(self, batch, logs=None):
         step = self.checkpointer.step
@@ -133,11 +139,11 @@ class TrainingGuard(keras.callbacks.Callback):
             # the run state: write it again so the state is in the checkpoint.
             self._save(again=True)
             return
-        due = (
-            self.model.stop_training
-            or (self.last_step is not None and step >= self.last_step)
-            or self.checkpointer.save_is_due(self.max_overhead)
-        )
+        if self.last_step is not None and step >= self.last_step:
+            # Saved by `fit_with_recovery` once `fit` returns: an output of the finished run, like the export.
+            self.final_save_pending = True
+            return
+        due = self.model.stop_training or self.checkpointer.save_is_due(self.max_overhead)
         if self._agree is not None:
             due = self._agree(
                 due
@@ -233,6 +239,8 @@ def fit_with_recovery(
         )
         for key, values in result.history.items():
             history.setdefault(key, []).extend(float(v) for v in values)
+        if guard.final_save_pending and guard.diverged_at is None:
+            guard.save_final()  # weights that are not finite set diverged_at: rolled back below
         if guard.diverged_at is not None:
             rollbacks += 1
             _roll_back(checkpointer, guard.diverged_at, rollbacks, max_nan_retries)
