@@ -2,6 +2,7 @@
 
 import dataclasses
 import os
+import re
 
 import pytest
 import yaml
@@ -482,3 +483,19 @@ def test_odd_keys_never_crash_the_message(tmp_path):
     raw["train"][3] = "x"  # YAML allows integer (and boolean: `on:`) keys
     message, path = load_error(tmp_path, raw)
     assert message.startswith(f"{path}: unknown key train.3 (received 'x').")
+
+
+@pytest.mark.parametrize(
+    "text, spelled", [("1e-6", "1.0e-6"), ("2E3", "2.0e+3"), ("-5e+2", "-5.0e+2")]
+)
+def test_an_exponent_yaml_reads_as_text_gets_the_spelling_it_reads_as_a_number(text, spelled):
+    with pytest.raises(
+        RecipeError, match=f"received '{re.escape(text)}' \\(str\\). Fix: write it with a dot"
+    ) as info:
+        load_recipe(
+            os.path.join(RECIPES, "digits_cnn.yaml"), [f"runtime.checkpoint_max_overhead={text}"]
+        )
+    assert spelled in str(info.value)
+    assert yaml.safe_load(spelled) == float(
+        text
+    )  # the suggested spelling really is a number to PyYAML

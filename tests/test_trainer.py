@@ -213,13 +213,13 @@ def _checkpoint_steps(output_dir):
 
 def test_epoch_end_saves_are_skipped_while_they_would_cost_more_than_the_overhead_bound(tmp_path):
     # 4 epochs of 44 steps. A bound of 1e-6 allows a save only 10^6 save-durations (~50 ms each, estimated from the
-    # checkpoint's size before the first) after the start or the last save: every epoch end is skipped, and the last
-    # step always saves.
+    # checkpoint's size before the first) after the start or the last save: the first epoch end saves anyway (a NaN
+    # rollback needs a checkpoint), epochs 2 and 3 are skipped, and the last step always saves.
     bounded = run(
         recipe(**{"train.epochs": 4, "runtime.checkpoint_max_overhead": 1e-6}),
         str(tmp_path / "bounded"),
     )
-    assert bounded["step"] == 176 and _checkpoint_steps(tmp_path / "bounded") == [176]
+    assert bounded["step"] == 176 and _checkpoint_steps(tmp_path / "bounded") == [44, 176]
     every = run(
         recipe(
             **{
@@ -254,7 +254,7 @@ def test_a_run_that_stops_early_saves_its_stop_although_the_bound_would_skip_tha
         str(tmp_path),
     )
     assert metrics["status"] == "early_stopped"
-    assert _checkpoint_steps(tmp_path) == [metrics["step"]] and metrics["step"] < 6 * 44
+    assert _checkpoint_steps(tmp_path) == [44, metrics["step"]] and 44 < metrics["step"] < 6 * 44
     again = run(recipe(**{"train.epochs": 6}), str(tmp_path))
     assert again["status"] == "early_stopped" and again["step"] == metrics["step"]
 
@@ -277,9 +277,56 @@ def test_a_save_is_due_once_the_time_since_the_last_outweighs_its_cost(tmp_path,
     # Before any save: 50 ms + the bytes at 200 MB/s: the weights' 4,004,000 and the optimizer's step (int64) and
     # learning rate (float32); Adam's slots are built lazily, at the first step or restore.
     assert checkpointer.save_seconds == pytest.approx(0.05 + (4_004_000 + 8 + 4) / 200e6, rel=1e-9)
+    assert checkpointer.save_is_due(
+        0.02
+    )  # no checkpoint yet: a NaN rollback would have nothing to go back to
+    checkpointer.save()
+    assert checkpointer.last_saved_step == 0 and checkpointer.save_seconds > 0
     clock = [checkpointer.saved_at]
     monkeypatch.setattr(checkpoint_lib.time, "perf_counter", lambda: clock[0])
     assert checkpointer.save_is_due(None)
     assert not checkpointer.save_is_due(0.02)
     clock[0] += checkpointer.save_seconds / 0.02 * 1.001  # just over 50 save-durations later
     assert checkpointer.save_is_due(0.02) and not checkpointer.save_is_due(0.01)
+
+
+@pytest.mark.parametrize("at", [100, 132])  # in the third epoch; at the very last step
+def test_a_nan_late_in_a_short_run_rolls_back_with_the_default_checkpoint_cadence(tmp_path, at):
+    # 3 epochs of 44 steps take ~1 s: the default bound skips most epoch-end saves, but the first epoch end always
+    # saves, so a rollback has a checkpoint to go back to (before this, the run failed: "nothing to roll back to").
+    poison = PoisonWeights(at=at)
+    metrics = run(recipe(**{"train.epochs": 3}), str(tmp_path), callbacks=[poison])
+    assert poison.fired == 1 and metrics["nan_rollbacks"] == 1
+    assert metrics["status"] == "done" and metrics["step"] == 132
+    assert all(np.isfinite(w).all() for w in weights(str(tmp_path)))
+    assert metrics["nan_skipped_examples"] > 0
+
+
+def test_checkpoint_every_steps_keeps_its_cadence_across_a_resume_at_a_step_never_saved(
+    tmp_path, monkeypatch
+):
+    # SIGTERM at step 30 saves ckpt-30; the rerun's partial epoch ends at 44 without a save (tight bound), and the
+    # next fit segment must count from 30 (the last checkpoint), not from 44: saves at 30, 70, 110, 132.
+    settings = {
+        "train.epochs": 3,
+        "runtime.checkpoint_every_steps": 40,
+        "runtime.checkpoint_max_overhead": 1e-6,
+        "runtime.max_checkpoints_to_keep": 20,
+    }
+    monkeypatch.setenv("TPUKIT_TEST_SIGTERM_AT_STEP", "30")
+    assert run(recipe(**settings), str(tmp_path))["status"] == "preempted"
+    monkeypatch.delenv("TPUKIT_TEST_SIGTERM_AT_STEP")
+    assert run(recipe(**settings), str(tmp_path))["step"] == 132
+    assert _checkpoint_steps(tmp_path) == [30, 70, 110, 132]
+
+
+def test_weighted_loss_is_still_logged_without_label_smoothing(tmp_path):
+    # Without smoothing no WeightedLoss metric is compiled; the exact cross-entropy is logged under both names, so
+    # readers of metrics.json, TensorBoard and the history find `weighted_loss` as before.
+    metrics = run(recipe(**{"train.label_smoothing": 0.0}), str(tmp_path))
+    train, validation, evaluation = metrics["train"], metrics["validation"], metrics["eval"]
+    assert train["weighted_loss"] == train["cross_entropy"]
+    assert (
+        validation["val_weighted_loss"] == validation["val_cross_entropy"] == validation["val_loss"]
+    )
+    assert evaluation["weighted_loss"] == evaluation["cross_entropy"] == evaluation["loss"]

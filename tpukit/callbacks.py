@@ -195,11 +195,22 @@ class ExactValidationLoss(keras.callbacks.Callback):
     size, so the zero-weight examples that complete the last batch pull it down."""
 
     def on_test_end(self, logs=None):
-        exact = exact_loss_name(logs or {})
-        if exact:
-            logs["loss"] = logs[exact]
+        with_aliases(logs)
 
     def on_epoch_end(self, epoch, logs=None):
-        exact = exact_loss_name(logs or {}, prefix="val_")
-        if exact:
-            logs["val_loss"] = logs[exact]
+        with_aliases(
+            logs, set_loss=False
+        )  # training batches have no padding: Keras' loss is right there
+        with_aliases(logs, prefix="val_")
+
+
+def with_aliases(logs: dict | None, prefix: str = "", set_loss: bool = True) -> dict | None:
+    """Sets `loss` to the exact loss (`exact_loss_name`) and, where no `weighted_loss` metric was compiled (no label
+    smoothing), logs `weighted_loss` as the cross-entropy it equals, so recipes that monitor `val_weighted_loss`
+    (early stopping, best.keras) and readers of `metrics.json` find it as before. Returns `logs`."""
+    exact = exact_loss_name(logs or {}, prefix)
+    if exact:
+        if set_loss:
+            logs[prefix + "loss"] = logs[exact]
+        logs.setdefault(prefix + "weighted_loss", logs[exact])
+    return logs

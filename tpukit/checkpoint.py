@@ -115,6 +115,8 @@ class Checkpointer:
         # For checkpoint_max_overhead: the end of this process's last save and how long it took. Before the first
         # save, the time this object was made and an estimate from the checkpoint's size.
         self.saved_at = time.perf_counter()
+        # The step of the checkpoint the model holds or last wrote (0 for a new run): periodic saves count from it.
+        self.last_saved_step = 0
         self.save_seconds = estimated_save_seconds(
             list(model.weights) + list(getattr(optimizer, "variables", []))
         )
@@ -196,6 +198,7 @@ class Checkpointer:
                 )
             else:
                 logger.info("tpukit: restored %s at step %d", candidate, self.step)
+            self.last_saved_step = self.step
             return self.step
         raise CheckpointCorruptError(
             f"no checkpoint in {os.path.dirname(candidates[0])} could be read: {'; '.join(failures)}. Fix: restore "
@@ -217,6 +220,7 @@ class Checkpointer:
     def save(self) -> str:
         started = time.perf_counter()
         path = self.manager.save(checkpoint_number=self.step, options=self.options)
+        self.last_saved_step = self.step
         self.saved_at = time.perf_counter()
         self.save_seconds = self.saved_at - started
         logger.debug("tpukit: saved checkpoint %s in %.1f ms", path, self.save_seconds * 1e3)
@@ -224,7 +228,8 @@ class Checkpointer:
 
     def save_is_due(self, max_overhead: float | None) -> bool:
         """False while one more save would make saving take more than `max_overhead` of the wall time since the
-        last save of this process (the last save's duration is the estimate); always True without a bound."""
-        if max_overhead is None:
+        last save of this process (the last save's duration is the estimate); always True without a bound, and
+        while the directory holds no checkpoint (a NaN rollback needs one to go back to)."""
+        if max_overhead is None or self.manager.latest_checkpoint is None:
             return True
         return time.perf_counter() - self.saved_at >= self.save_seconds / max_overhead

@@ -20,6 +20,7 @@ import importlib.resources
 import inspect
 import math
 import os
+import re
 import reprlib
 import types
 import typing
@@ -138,7 +139,9 @@ class RuntimeConfig:
     steps_per_execution_target_seconds: float | None = (
         None  # with steps_per_execution auto only; null: 0.5
     )
-    checkpoint_every_steps: int | None = None  # null: at the end of every epoch only
+    checkpoint_every_steps: int | None = (
+        None  # null: no saves by step count (epoch ends: see below)
+    )
     # Epoch-end saves are skipped while saving would take more than this fraction of the wall time since the last
     # save (a 14 ms save after 0.1 s epochs costs 12%); the first save's cost is estimated from the checkpoint's
     # size. null: save at every epoch end. The last step, an early stop, SIGTERM and checkpoint_every_steps always
@@ -367,9 +370,20 @@ def _check_value(key: str, value: Any, tp: Any) -> Any:
             raise RecipeError(
                 f"{key} must be one of {_type_name(tp)}; received {received}. Fix: set {key} to one of the valid choices."
             ) from None
+        fix = f"change the value of {key}"
+        if isinstance(value, str) and _yaml_number_text(value):
+            # YAML 1.1 (PyYAML) reads an exponent without a dot, like 1e-6, as text.
+            fix = f"write it with a dot, e.g. {key.split('.')[-1]}: {_yaml_number_text(value)}"
         raise RecipeError(
-            f"{key} must be {_type_name(tp)}; received {received}. Fix: change the value of {key}."
+            f"{key} must be {_type_name(tp)}; received {received}. Fix: {fix}."
         ) from None
+
+
+def _yaml_number_text(text: str) -> str | None:
+    """`1e-6` -> `1.0e-6`, `2E3` -> `2.0e+3`: the YAML 1.1 spelling (a dot and a signed exponent) of a number that
+    PyYAML left as a string; None if `text` is no such number."""
+    match = re.fullmatch(r"([-+]?\d+)[eE]([-+]?)(\d+)", text.strip())
+    return f"{match.group(1)}.0e{match.group(2) or '+'}{match.group(3)}" if match else None
 
 
 @functools.cache
@@ -619,7 +633,7 @@ def _validate_runtime(config: RuntimeConfig) -> None:
         0.0,
         1.0,
         low_open=True,
-        example=0.02,
+        example="0.02 (or null to save at every epoch end)",
     )
     if config.verbose != "auto":
         _in_range("runtime.verbose", config.verbose, 0, 2, example="auto")

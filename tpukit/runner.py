@@ -507,7 +507,7 @@ def evaluate(session: Session, outcome) -> dict[str, float]:
     the_plan = session.plan
     if not the_plan.evaluating or outcome.status == "preempted":
         return {}
-    from tpukit.callbacks import ExactValidationLoss, exact_loss_name
+    from tpukit.callbacks import ExactValidationLoss, with_aliases
 
     results = session.model.evaluate(
         _eval_dataset(the_plan)(),
@@ -516,11 +516,8 @@ def evaluate(session: Session, outcome) -> dict[str, float]:
         verbose=_verbose(the_plan.recipe.runtime.verbose),
         callbacks=[ExactValidationLoss()],  # the printed `loss` over the real examples
     )
-    results = {k: float(v) for k, v in results.items()}
-    exact = exact_loss_name(results)
-    if exact:  # the returned one (Keras' CallbackList hands callbacks a copy of the logs)
-        results["loss"] = results[exact]
-    return results
+    # The returned dict too (Keras' CallbackList hands callbacks a copy of the logs).
+    return with_aliases({k: float(v) for k, v in results.items()})
 
 
 def export(session: Session, outcome) -> dict[str, str]:

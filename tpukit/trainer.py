@@ -65,7 +65,6 @@ class TrainingGuard(keras.callbacks.Callback):
         self.final_save_pending = False
         self._sigterm = False
         self._previous_handler = None
-        self._last_saved = checkpointer.step
         self._sigterm_at = int(os.environ.get(_TEST_SIGTERM_AT_STEP, "0") or 0)
         self._agree = None
 
@@ -88,7 +87,7 @@ class TrainingGuard(keras.callbacks.Callback):
     def _save(self, again: bool = False) -> bool:
         """Saves unless this step is saved already (`again`: save it once more, with the epoch-end state of the other
         callbacks); returns False (and stops) when the weights are not finite."""
-        if self.checkpointer.step == self._last_saved and not again:
+        if self.checkpointer.step == self.checkpointer.last_saved_step and not again:
             return True
         if not checkpoint_lib.all_finite(self.model.weights):
             # The loss of this execution was finite, but the update that followed it was not.
@@ -96,7 +95,6 @@ class TrainingGuard(keras.callbacks.Callback):
             self.model.stop_training = True
             return False
         self.checkpointer.save()
-        self._last_saved = self.checkpointer.step
         return True
 
     def save_final(self) -> None:
@@ -127,14 +125,16 @@ class TrainingGuard(keras.callbacks.Callback):
                 step,
             )
             return
-        if self.every and step - self._last_saved >= self.every:
+        # Counted from the last checkpoint written or restored, so a resumed segment keeps the cadence even when the
+        # step it resumed at was never saved (its epoch-end save was skipped).
+        if self.every and step - self.checkpointer.last_saved_step >= self.every:
             self._save()
 
     def on_epoch_end(self, epoch, logs=None):
         if self.diverged_at is not None or self.preempted:
             return
         step = self.checkpointer.step
-        if step == self._last_saved:
+        if step == self.checkpointer.last_saved_step:
             # A periodic save wrote this step before the epoch-end callbacks (early stopping, best.keras) updated
             # the run state: write it again so the state is in the checkpoint.
             self._save(again=True)
@@ -207,6 +207,10 @@ def fit_with_recovery(
         make_dataset: `make_dataset(position)` returns the training dataset positioned after `position` steps of
             data (the step plus the steps skipped after NaN rollbacks, `checkpointer.data_position`).
         callbacks: run in this order, before the `TrainingGuard` that saves (so their state is in the checkpoint).
+        checkpoint_every_steps: also save every this many steps (None: not by step count).
+        checkpoint_max_overhead: skip an epoch-end save while saving would take more than this fraction of the time
+            since the last save (`Checkpointer.save_is_due`); None saves at every epoch end. A rollback after a NaN
+            goes back to the newest checkpoint, so a bound also widens the data window it skips.
         validation_data: a zero-argument callable returning the evaluation dataset (fresh for each segment).
     """
     total = steps_per_epoch * epochs
@@ -290,7 +294,8 @@ def _roll_back(checkpointer, diverged_at: int, rollbacks: int, max_nan_retries: 
                 if latest
                 else "before any checkpoint was saved, so there is nothing to roll back to"
             )
-            + ". Fix: lower train.learning_rate, add train.warmup_steps, or check the data for NaN/inf."
+            + ". Fix: lower train.learning_rate, add train.warmup_steps, or check the data for NaN/inf "
+            "(runtime.checkpoint_every_steps gives a rollback a nearer checkpoint to go back to)."
         )
     state = checkpointer.state
     skipped = int(state.skipped_steps.numpy())  # the restore resets it to the checkpoint's value
