@@ -213,24 +213,24 @@ def _checkpoint_steps(output_dir):
 
 def test_epoch_end_saves_are_skipped_while_they_would_cost_more_than_the_overhead_bound(tmp_path):
     # 4 epochs of 44 steps. A bound of 1e-6 allows a save only 10^6 save-durations (~50 ms each, estimated from the
-    # checkpoint's size before the first) after the start or the last save: the first epoch end saves anyway (a NaN
-    # rollback needs a checkpoint), epochs 2 and 3 are skipped, and the last step always saves.
+    # checkpoint's size before the first) after the last save: a new run saves its initial weights (step 0, so a NaN
+    # rollback has a checkpoint), every epoch end is skipped, and the last step always saves.
     bounded = run(
         recipe(**{"train.epochs": 4, "runtime.checkpoint_max_overhead": 1e-6}),
         str(tmp_path / "bounded"),
     )
-    assert bounded["step"] == 176 and _checkpoint_steps(tmp_path / "bounded") == [44, 176]
+    assert bounded["step"] == 176 and _checkpoint_steps(tmp_path / "bounded") == [0, 176]
     every = run(
         recipe(
             **{
                 "train.epochs": 4,
                 "runtime.checkpoint_max_overhead": None,
-                "runtime.max_checkpoints_to_keep": 5,
+                "runtime.max_checkpoints_to_keep": 6,
             }
         ),
         str(tmp_path / "every"),
     )
-    assert every["step"] == 176 and _checkpoint_steps(tmp_path / "every") == [44, 88, 132, 176]
+    assert every["step"] == 176 and _checkpoint_steps(tmp_path / "every") == [0, 44, 88, 132, 176]
     # Skipping saves changes nothing else: same weights, and a rerun resumes from the last step.
     for a, b in zip(weights(tmp_path / "bounded"), weights(tmp_path / "every"), strict=True):
         np.testing.assert_allclose(a, b, atol=1e-6)
@@ -254,7 +254,7 @@ def test_a_run_that_stops_early_saves_its_stop_although_the_bound_would_skip_tha
         str(tmp_path),
     )
     assert metrics["status"] == "early_stopped"
-    assert _checkpoint_steps(tmp_path) == [44, metrics["step"]] and 44 < metrics["step"] < 6 * 44
+    assert _checkpoint_steps(tmp_path) == [0, metrics["step"]] and 44 < metrics["step"] < 6 * 44
     again = run(recipe(**{"train.epochs": 6}), str(tmp_path))
     assert again["status"] == "early_stopped" and again["step"] == metrics["step"]
 
@@ -292,8 +292,8 @@ def test_a_save_is_due_once_the_time_since_the_last_outweighs_its_cost(tmp_path,
 
 @pytest.mark.parametrize("at", [100, 132])  # in the third epoch; at the very last step
 def test_a_nan_late_in_a_short_run_rolls_back_with_the_default_checkpoint_cadence(tmp_path, at):
-    # 3 epochs of 44 steps take ~1 s: the default bound skips most epoch-end saves, but the first epoch end always
-    # saves, so a rollback has a checkpoint to go back to (before this, the run failed: "nothing to roll back to").
+    # 3 epochs of 44 steps take ~1 s: the default bound skips the epoch-end saves, but a new run saves its initial
+    # weights, so a rollback has a checkpoint to go back to (before, the run failed: "nothing to roll back to").
     poison = PoisonWeights(at=at)
     metrics = run(recipe(**{"train.epochs": 3}), str(tmp_path), callbacks=[poison])
     assert poison.fired == 1 and metrics["nan_rollbacks"] == 1
@@ -306,7 +306,7 @@ def test_checkpoint_every_steps_keeps_its_cadence_across_a_resume_at_a_step_neve
     tmp_path, monkeypatch
 ):
     # SIGTERM at step 30 saves ckpt-30; the rerun's partial epoch ends at 44 without a save (tight bound), and the
-    # next fit segment must count from 30 (the last checkpoint), not from 44: saves at 30, 70, 110, 132.
+    # next fit segment must count from 30 (the last checkpoint), not from 44: saves at 0, 30, 70, 110, 132.
     settings = {
         "train.epochs": 3,
         "runtime.checkpoint_every_steps": 40,
@@ -317,7 +317,7 @@ def test_checkpoint_every_steps_keeps_its_cadence_across_a_resume_at_a_step_neve
     assert run(recipe(**settings), str(tmp_path))["status"] == "preempted"
     monkeypatch.delenv("TPUKIT_TEST_SIGTERM_AT_STEP")
     assert run(recipe(**settings), str(tmp_path))["step"] == 132
-    assert _checkpoint_steps(tmp_path) == [30, 70, 110, 132]
+    assert _checkpoint_steps(tmp_path) == [0, 30, 70, 110, 132]
 
 
 def test_weighted_loss_is_still_logged_without_label_smoothing(tmp_path):

@@ -229,7 +229,8 @@ class Checkpointer:
     def save_is_due(self, max_overhead: float | None) -> bool:
         """False while one more save would make saving take more than `max_overhead` of the wall time since the
         last save of this process (the last save's duration is the estimate); always True without a bound, and
-        while the directory holds no checkpoint (a NaN rollback needs one to go back to)."""
+        while the directory holds no checkpoint (a NaN rollback needs one to go back to; the trainer saves step 0 of a
+        new run for that reason)."""
         if max_overhead is None or self.manager.latest_checkpoint is None:
             return True
         return time.perf_counter() - self.saved_at >= self.save_seconds / max_overhead

@@ -11,6 +11,7 @@ every N steps); this module adds the same around an unmodified `model.fit`:
   returns, like the other outputs of a finished run), and on SIGTERM
   (Colab disconnects, preemptible TPU VMs) before stopping cleanly; it stops at the first non-finite loss without
   saving;
+* a new run saves its initial weights (step 0) before training, so a rollback always has a checkpoint;
 * after a NaN the loop restores the newest checkpoint, skips the batches from that checkpoint to the step that
   diverged (a retry on the same data with the same dropout draws would diverge again), and retries, up to
   `max_nan_retries` times; weights that are not finite are never checkpointed, even when the loss was finite;
@@ -226,6 +227,10 @@ def fit_with_recovery(
             "tpukit: this run stopped early at step %d; nothing left to train", checkpointer.step
         )
         return outcome("early_stopped")
+    if checkpointer.step < total and checkpointer.manager.latest_checkpoint is None:
+        # The initial weights, before fit: a NaN rollback always has a checkpoint to go back to, and with
+        # checkpoint_max_overhead the first epoch-end save need not happen inside the training loop.
+        checkpointer.save()
     while checkpointer.step < total:
         guard = TrainingGuard(
             checkpointer, checkpoint_every_steps, checkpoint_max_overhead, last_step=total
