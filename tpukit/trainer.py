@@ -8,9 +8,8 @@ every N steps); this module adds the same around an unmodified `model.fit`:
   run interrupted at step k continues at step k, and the dataset skips the k batches already seen;
 * `TrainingGuard` (a callback) saves every `checkpoint_every_steps`, at epoch ends (skipping those where saving
   would take more than `checkpoint_max_overhead` of the time since the last save), at the last step (once `fit`
-  returns, like the other outputs of a finished run), and on SIGTERM
-  (Colab disconnects, preemptible TPU VMs) before stopping cleanly; it stops at the first non-finite loss without
-  saving;
+  returns, like the other outputs of a finished run), and on SIGTERM (Colab disconnects, preemptible TPU VMs)
+  before stopping cleanly; it stops at the first non-finite loss without saving;
 * a new run saves its initial weights (step 0) before training, so a rollback always has a checkpoint;
 * after a NaN the loop restores the newest checkpoint, skips the batches from that checkpoint to the step that
   diverged (a retry on the same data with the same dropout draws would diverge again), and retries, up to
@@ -146,9 +145,8 @@ class TrainingGuard(keras.callbacks.Callback):
             return
         due = self.model.stop_training or self.checkpointer.save_is_due(self.max_overhead)
         if self._agree is not None:
-            due = self._agree(
-                due
-            )  # every worker keeps the same steps: a resume needs one they all have
+            # Every worker keeps the same steps: a resume needs a checkpoint they all have.
+            due = self._agree(due)
         if due:
             self._save()
         else:
