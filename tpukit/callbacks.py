@@ -179,7 +179,7 @@ class StepTensorBoard(keras.callbacks.TensorBoard):
         super()._log_epoch_metrics(_step(self.model), logs)
 
 
-def exact_loss_name(logs: dict, prefix: str = "") -> str | None:
+def _exact_loss_name(logs: dict, prefix: str = "") -> str | None:
     """The logged metric that is the exact loss over the real examples: `weighted_loss` (`tpukit.losses.WeightedLoss`,
     compiled with label smoothing), else `cross_entropy` (which is the loss without smoothing); None if neither."""
     for name in ("weighted_loss", "cross_entropy"):
@@ -189,7 +189,7 @@ def exact_loss_name(logs: dict, prefix: str = "") -> str | None:
 
 
 class ExactValidationLoss(keras.callbacks.Callback):
-    """Reports the exact loss (`exact_loss_name`) as `loss` in the logs the other callbacks see (progress bar,
+    """Reports the exact loss (`_exact_loss_name`) as `loss` in the logs the other callbacks see (progress bar,
     TensorBoard, early stopping, best.keras): `val_loss` at each epoch end, and `loss` at the end of an evaluation
     (what `evaluate` prints; its return value is a separate dict). Keras' own loss weights every eval batch by its
     size, so the zero-weight examples that complete the last batch pull it down."""
@@ -198,17 +198,16 @@ class ExactValidationLoss(keras.callbacks.Callback):
         with_aliases(logs)
 
     def on_epoch_end(self, epoch, logs=None):
-        with_aliases(
-            logs, set_loss=False
-        )  # training batches have no padding: Keras' loss is right there
+        # Training batches have no padding: Keras' own loss is right there.
+        with_aliases(logs, set_loss=False)
         with_aliases(logs, prefix="val_")
 
 
 def with_aliases(logs: dict | None, prefix: str = "", set_loss: bool = True) -> dict | None:
-    """Sets `loss` to the exact loss (`exact_loss_name`) and, where no `weighted_loss` metric was compiled (no label
+    """Sets `loss` to the exact loss (`_exact_loss_name`) and, where no `weighted_loss` metric was compiled (no label
     smoothing), logs `weighted_loss` as the cross-entropy it equals, so recipes that monitor `val_weighted_loss`
     (early stopping, best.keras) and readers of `metrics.json` find it as before. Returns `logs`."""
-    exact = exact_loss_name(logs or {}, prefix)
+    exact = _exact_loss_name(logs or {}, prefix)
     if exact:
         if set_loss:
             logs[prefix + "loss"] = logs[exact]

@@ -62,7 +62,6 @@ class TrainingGuard(keras.callbacks.Callback):
         self.last_step = last_step
         self.diverged_at: int | None = None
         self.preempted = False
-        self.final_save_pending = False
         self._sigterm = False
         self._previous_handler = None
         self._sigterm_at = int(os.environ.get(_TEST_SIGTERM_AT_STEP, "0") or 0)
@@ -98,8 +97,9 @@ class TrainingGuard(keras.callbacks.Callback):
         return True
 
     def save_final(self) -> None:
-        """The last step's checkpoint, with the run state of its epoch end; called after `fit` returns."""
-        self._save(again=True)
+        """The last step's checkpoint, with the run state of its epoch end, unless that is saved already; called
+        after `fit` returns."""
+        self._save()
 
     def on_train_batch_end(self, batch, logs=None):
         step = self.checkpointer.step
@@ -140,9 +140,7 @@ class TrainingGuard(keras.callbacks.Callback):
             self._save(again=True)
             return
         if self.last_step is not None and step >= self.last_step:
-            # Saved by `fit_with_recovery` once `fit` returns: an output of the finished run, like the export.
-            self.final_save_pending = True
-            return
+            return  # saved by `fit_with_recovery` once `fit` returns: an output of the finished run, like the export
         due = self.model.stop_training or self.checkpointer.save_is_due(self.max_overhead)
         if self._agree is not None:
             # Every worker keeps the same steps: a resume needs a checkpoint they all have.
@@ -246,7 +244,7 @@ def fit_with_recovery(
         )
         for key, values in result.history.items():
             history.setdefault(key, []).extend(float(v) for v in values)
-        if guard.final_save_pending and guard.diverged_at is None:
+        if checkpointer.step >= total and guard.diverged_at is None and not guard.preempted:
             guard.save_final()  # weights that are not finite set diverged_at: rolled back below
         if guard.diverged_at is not None:
             rollbacks += 1
