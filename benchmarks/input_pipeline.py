@@ -25,10 +25,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from tpukit import performance  # noqa: E402
+from tpukit.planner import hardware as performance  # noqa: E402
 from tpukit.models import MODELS  # noqa: E402
 from tpukit.recipe import from_dict  # noqa: E402
-from tpukit.runner import build_model, input_fns  # noqa: E402
+from tpukit.task import build_model, input_fns  # noqa: E402
 
 
 def write_jpeg_tfrecords(
@@ -146,7 +146,8 @@ def pipeline_rate(dataset: tf.data.Dataset, batch: int, seconds: float) -> tuple
 def step_rate(recipe, batch_tensors, batch: int, seconds: float) -> float:
     strategy = tf.distribute.get_strategy()
     jit = performance.choose_jit_compile("auto", "default", 1).value
-    model = build_model(recipe, strategy, total_steps=1000, jit_compile=jit, steps_per_execution=1)
+    with strategy.scope():
+        model = build_model(recipe, total_steps=1000, jit_compile=jit, steps_per_execution=1)
     data = tf.data.Dataset.from_tensors(batch_tensors).repeat()
     model.fit(data, steps_per_epoch=2, epochs=1, verbose=0)  # compile
     start = time.perf_counter()

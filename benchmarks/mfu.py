@@ -6,8 +6,8 @@
 
 For each row: `tpukit.run(recipe, mode="train", callbacks=[SteadyRate])` (plan, build, train through tpukit's own
 trainer and pipeline, at the precision, XLA and steps_per_execution tpukit chooses), training FLOPs per example from
-`tpukit.flops.model_flops_per_example` (matmuls and convolutions only, x3 for the backward pass), and the peak from
-`tpukit.flops.measure_matmul_flops` (a 2048x2048 matmul in the training dtype, best of 5) measured right before and
+`tpukit.engines.tensorflow.flops.model_flops_per_example` (matmuls and convolutions only, x3 for the backward pass), and the peak from
+`tpukit.engines.tensorflow.flops.measure_matmul_flops` (a 2048x2048 matmul in the training dtype, best of 5) measured right before and
 right after the row in this process (the larger one counts). MFU = FLOPs/example x examples/s / peak.
 
 Rows: `workloads.ROWS`, plus `transformer_recipe`: recipes/synthetic_transformer.yaml (GPT-2 small's width: 768,

@@ -5,7 +5,7 @@
 Builds the recipe's model and input pipeline the way `tpukit.run` does, then times `--steps` train steps for each
 of float32 / mixed_bfloat16 x XLA on / off in one process, and prints steps/s and the ratio to the float32,
 no-XLA baseline measured in the same run. Shared, noisy machines: compare ratios, not absolute numbers, and run it
-twice. The result decides `performance.choose_precision` / `choose_jit_compile` for CPUs (see README "Measured").
+twice. The result decides `tpukit.planner.hardware.choose_precision` / `choose_jit_compile` for CPUs (see README "Measured").
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import tensorflow as tf  # noqa: E402
 
 from tpukit import data  # noqa: E402
 from tpukit.recipe import load_recipe  # noqa: E402
-from tpukit.runner import build_model, count_examples, input_fns  # noqa: E402
+from tpukit.task import build_model, count_examples, input_fns  # noqa: E402
 
 
 def steps_per_second(recipe, precision: str, jit: bool, steps: int) -> float:
@@ -30,9 +30,8 @@ def steps_per_second(recipe, precision: str, jit: bool, steps: int) -> float:
     keras.utils.set_random_seed(0)
     strategy = tf.distribute.get_strategy()
     train_fn, _ = input_fns(recipe, 0)
-    model = build_model(
-        recipe, strategy, total_steps=steps + 10, jit_compile=jit, steps_per_execution=1
-    )
+    with strategy.scope():
+        model = build_model(recipe, total_steps=steps + 10, jit_compile=jit, steps_per_execution=1)
     dataset = data.distribute(strategy, train_fn)
     model.fit(dataset, epochs=1, steps_per_epoch=10, verbose=0)  # compile and warm up
     start = time.perf_counter()

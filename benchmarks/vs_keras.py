@@ -11,7 +11,7 @@ For each row of `workloads.py` (MLP, small CNN, ResNet, transformer), three vari
   `model.save`. The MLP row is the seed-style script: `tf.distribute.MirroredStrategy()` and compile + fit under
   `strategy.scope()`.
 * (b) plain Keras hand-tuned with what tpukit chose in the previous (c) run of the same row (its `metrics.json`,
-  written by `tpukit.runner.report` from the plan and the build): the strategy kind, precision, `jit_compile`,
+  written by `tpukit.engines.tensorflow.engine.report` from the plan and the build): the strategy kind, precision, `jit_compile`,
   `steps_per_execution`, and a hand-written `tf.data` pipeline (cache, shuffle, repeat, batch with
   `drop_remainder`, prefetch AUTOTUNE, non-deterministic order) with `verbose=2`.
 * (c) tpukit: `tpukit.fit` (MLP) or `tpukit.run` on the row's recipe with `runtime.steps_per_execution: auto`, and

@@ -17,8 +17,8 @@ import tensorflow_datasets as tfds
 from helpers import RECIPES, digits_recipe
 
 import tpukit
-from tpukit import check as check_lib
 from tpukit.recipe import RecipeError, from_dict
+from tpukit.tools import check as check_lib
 
 RECIPE_NAMES = sorted(
     os.path.basename(p)[: -len(".yaml")] for p in glob.glob(os.path.join(RECIPES, "*.yaml"))

@@ -17,7 +17,8 @@ import pytest
 from helpers import REPO
 from packaging.specifiers import SpecifierSet
 
-from tpukit import colab, versions
+from tpukit.environment import versions
+from tpukit.notebook import colab
 
 GIT = "git+https://github.com/tpukit/tpukit.git"
 

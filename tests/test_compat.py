@@ -3,7 +3,7 @@
 import keras
 import pytest
 
-from tpukit import compat
+from tpukit.engines.tensorflow import compat
 
 
 def test_the_installed_keras_is_in_the_tested_range():

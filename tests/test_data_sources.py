@@ -9,7 +9,7 @@ from test_data_tfrecord import _write
 
 from tpukit import data
 from tpukit.recipe import RecipeError, from_dict
-from tpukit.runner import count_examples, input_fns
+from tpukit.task import count_examples, input_fns
 
 
 @pytest.fixture(scope="module")

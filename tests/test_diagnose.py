@@ -3,7 +3,7 @@ reports), maps to its cause and fix; unrelated errors map to nothing. No TPU is 
 
 import pytest
 
-from tpukit import diagnose, versions
+from tpukit.environment import diagnose, versions
 
 # (error text as reported upstream, known error name, words the explanation must contain)
 REPORTED = [

@@ -6,7 +6,9 @@ import json
 
 import pytest
 
-from tpukit import doctor, strategy, versions
+from tpukit.engines.tensorflow import strategy
+from tpukit.environment import versions
+from tpukit.tools import doctor
 
 GOOD_CPU = {
     "tensorflow": "2.21.0",

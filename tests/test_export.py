@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tpukit.export import export_model, io_device_for, load_serving
+from tpukit.engines.tensorflow.export import export_model, io_device_for, load_serving
 from tpukit.models import small_cnn
 
 

@@ -6,7 +6,7 @@ import keras
 import pytest
 from keras import layers
 
-from tpukit import flops
+from tpukit.engines.tensorflow import flops
 
 
 def _dense_model():

@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from tpukit import versions
+from tpukit.environment import versions
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

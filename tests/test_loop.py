@@ -12,7 +12,8 @@ import pytest
 import tensorflow as tf
 from conftest import mirrored
 
-from tpukit.loop import auto_steps_per_execution, check_steps_per_execution, use_multi_step_loop
+from tpukit.engines.tensorflow.loop import use_multi_step_loop
+from tpukit.planner.steps import auto_steps_per_execution, check_steps_per_execution
 
 GLOBAL_BATCH, STEPS, EVAL_STEPS = (
     16,

@@ -6,7 +6,7 @@ import keras
 import numpy as np
 import pytest
 
-from tpukit.losses import SparseCategoricalCrossentropyWithLabelSmoothing, build_loss
+from tpukit.task.losses import SparseCategoricalCrossentropyWithLabelSmoothing, build_loss
 
 
 def _data(shape, num_classes, seed=0):

@@ -23,7 +23,7 @@ WORKER = textwrap.dedent(
 
     import keras
     import numpy as np
-    from tpukit import loop
+    from tpukit.engines.tensorflow import loop
 
     keras.utils.set_random_seed(1)
     x = np.random.RandomState(0).randn(64, 4).astype("float32")

@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 import tpukit
-from tpukit import notebook
+from tpukit.notebook import helpers as notebook
 from tpukit.recipe import resolve_path
 
 

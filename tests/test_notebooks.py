@@ -33,7 +33,7 @@ def read(name: str):
 
 
 def install_cell_index(notebook) -> int:
-    from tpukit import colab
+    from tpukit.notebook import colab
 
     matches = [
         i for i, c in enumerate(notebook.cells) if c.source == colab.cell_source().rstrip("\n")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tpukit.optim import (
+from tpukit.task.optim import (
     LARS,
     SGDWithL2,
     WarmupCosine,
@@ -294,7 +294,7 @@ def test_lars_on_two_replicas_matches_one_device():
 
 
 def test_lars_momentum_survives_a_checkpoint_round_trip(tmp_path):
-    from tpukit.checkpoint import Checkpointer
+    from tpukit.engines.tensorflow.checkpoint import Checkpointer
 
     weights, model = _lars_fit(jit_compile=False, steps=2)
     saved = Checkpointer(str(tmp_path), model, model.optimizer)

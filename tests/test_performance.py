@@ -2,7 +2,7 @@
 
 import pytest
 
-from tpukit.performance import choose_jit_compile, choose_precision
+from tpukit.planner.hardware import choose_jit_compile, choose_precision
 
 
 @pytest.mark.parametrize(

@@ -127,7 +127,7 @@ def test_local_files_on_a_multi_host_or_remote_tpu_are_a_recipe_error(
     tmp_path, kind, replicas, hosts, remote, refused
 ):
     # Logic only (no TPU here): the plan applies tpukit.check's input_paths rule to the strategy it was given.
-    from tpukit.planner import check_input_paths
+    from tpukit.planner import Hardware, check_input_paths
 
     local = from_dict(
         {
@@ -141,11 +141,13 @@ def test_local_files_on_a_multi_host_or_remote_tpu_are_a_recipe_error(
         },
         "local.yaml",
     )
+    io_device = "/job:localhost/replica:0/task:0/device:CPU:0" if remote else None
+    hardware = Hardware("tensorflow", kind, replicas, hosts, io_device=io_device)
     if refused:
         with pytest.raises(
             RecipeError,
             match=r"not on gs://: data.file_pattern=.*Fix: copy the data to a Cloud Storage",
         ):
-            check_input_paths(local, kind, replicas, hosts, remote)
+            check_input_paths(local, hardware)
     else:
-        check_input_paths(local, kind, replicas, hosts, remote)
+        check_input_paths(local, hardware)

@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 import tpukit
-from tpukit import plots
+from tpukit.notebook import plots
 
 matplotlib.use("Agg")
 

@@ -266,7 +266,7 @@ def test_a_directory_and_an_unreadable_file(tmp_path, monkeypatch):
     ):  # chmod 000 does not stop root, who runs these tests in CI containers
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(recipe_lib, "open", denied, raising=False)
+    monkeypatch.setattr(recipe_lib.loading, "open", denied, raising=False)
     with pytest.raises(
         RecipeError, match=r"r\.yaml: cannot read the recipe file \(Permission denied\)\. Fix:"
     ):

@@ -8,7 +8,7 @@ kinds for schema fields, missing required keys, unknown keys, files that are not
 do not exist) must raise. Many mutations are valid recipes (another positive batch size, a different dropout):
 those must load.
 
-Batches that do not divide by the replicas are refused by `runner.check_batch_sizes` (before anything is
+Batches that do not divide by the replicas are refused by `planner.check_batch_sizes` (before anything is
 written), fuzzed on its own below. The CLI is fuzzed twice: its `main()` in this process with absl flags parsed
 exactly as `python -m tpukit.train` does and `runner.run` replaced by a stub (the property: exit 2, one
 `tpukit: error:` line, no traceback, nothing written -- or the recipe reaches `run`), and, for a few cases known to
@@ -529,7 +529,7 @@ def test_every_mutation_loads_or_is_refused_naming_the_key_many(scratch, case):
 def check_batches(
     path: str, batch: int, eval_batch: int | None, replicas: int, examples: int
 ) -> None:
-    from tpukit.runner import check_batch_sizes
+    from tpukit.planner import check_batch_sizes
 
     recipe = load_recipe(
         path,

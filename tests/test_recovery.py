@@ -18,8 +18,9 @@ from conftest import mirrored
 from helpers import digits_recipe, run_cli
 
 import tpukit  # noqa: F401  (registers tpukit classes for load_model)
-from tpukit import checkpoint as checkpoint_lib
-from tpukit import data, trainer
+from tpukit import data
+from tpukit.engines.tensorflow import checkpoint as checkpoint_lib
+from tpukit.engines.tensorflow import trainer
 from tpukit.recipe import RecipeError, from_dict
 from tpukit.runner import run
 

@@ -6,7 +6,8 @@ import keras
 import numpy as np
 import pytest
 
-from tpukit import models, sampling
+from tpukit import models
+from tpukit.notebook import sampling
 
 
 class NextOfLast:

@@ -19,8 +19,9 @@ from conftest import mirrored
 from helpers import REPO
 
 import tpukit
-from tpukit import data, smoke
-from tpukit import export as export_lib
+from tpukit import data
+from tpukit.engines.tensorflow import export as export_lib
+from tpukit.tools import smoke
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ from unittest import mock
 import pytest
 import tensorflow as tf
 
-from tpukit import strategy as strategy_lib
+from tpukit.engines.tensorflow import strategy as strategy_lib
 
 NO_ENV: dict = {}
 

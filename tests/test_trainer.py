@@ -12,9 +12,9 @@ import tensorflow as tf
 from helpers import digits_recipe, run_cli
 
 import tpukit  # noqa: F401  (registers tpukit classes for load_model)
+from tpukit.engines.tensorflow.trainer import TrainingDivergedError
 from tpukit.recipe import RecipeError, from_dict
 from tpukit.runner import run
-from tpukit.trainer import TrainingDivergedError
 
 
 def recipe(**overrides):
@@ -267,7 +267,7 @@ def test_checkpoint_max_overhead_is_checked_in_the_recipe():
 
 
 def test_a_save_is_due_once_the_time_since_the_last_outweighs_its_cost(tmp_path, monkeypatch):
-    from tpukit import checkpoint as checkpoint_lib
+    from tpukit.engines.tensorflow import checkpoint as checkpoint_lib
 
     model = keras.Sequential(
         [keras.Input((1000,)), keras.layers.Dense(1000)]

@@ -1,11 +1,7 @@
-"""`run(recipe, output_dir)`: plan -> build -> train -> evaluate and export -> report, each a public function.
+"""`make_plan` (public as `tpukit.plan`) and `run`: recipe -> plan -> engine -> report. Engine-neutral.
 
     the_plan = tpukit.plan(recipe, mode="train_and_eval", output_dir="runs/x")   # decisions only, nothing written
-    session = tpukit.runner.build(the_plan)        # the model, compiled under the strategy, restored if resuming
-    outcome = tpukit.runner.train(session)         # fit with checkpoints, SIGTERM, NaN rollback (tpukit.trainer)
-    evaluation = tpukit.runner.evaluate(session, outcome)
-    exported = tpukit.runner.export(session, outcome)
-    metrics = tpukit.runner.report(session, outcome, evaluation, exported)
+    metrics = tpukit.run(recipe, "runs/x")    # build, train, evaluate, export with the plan's engine, then report
 
 Outputs in `output_dir`: `recipe.yaml` (resolved), `checkpoints/`, `logs/` (TensorBoard), `model.keras`,
 `metrics.json`. Re-running with the same output directory resumes from the newest checkpoint.
@@ -13,596 +9,46 @@ Outputs in `output_dir`: `recipe.yaml` (resolved), `checkpoints/`, `logs/` (Tens
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import itertools
 import json
 import logging
-import math
 import os
-import sys
-import time
-from typing import Any
 
-from tpukit import planner as plan_lib
-from tpukit.planner import (
-    MODES,
-    Plan,
-    check_batch_sizes,
-    count_examples,
-    eval_batch_size,
-    plan,
-)
-from tpukit.recipe import Recipe, RecipeError, save_recipe
+from tpukit import engines, planner, task
+from tpukit.engines import OutputDirError
+from tpukit.planner import MODES, Plan
+from tpukit.recipe import Recipe, save_recipe
 
 logger = logging.getLogger("tpukit")
 
-__all__ = [
-    "MODES",
-    "Session",
-    "build",
-    "check_batch_sizes",
-    "count_examples",
-    "eval_batch_size",
-    "evaluate",
-    "export",
-    "input_fns",
-    "plan",
-    "report",
-    "run",
-    "train",
-]
+__all__ = ["MODES", "OutputDirError", "make_plan", "run"]
 
 
-def input_fns(recipe: Recipe, eval_examples: int, steps_per_epoch: int | None = None):
-    """`(train_fn(input_context, skip_steps), eval_fn(input_context))`: the recipe's tf.data pipelines."""
-    import keras
-
-    from tpukit import data
-
-    source = data.SOURCES[recipe.data.source]
-    config = recipe.data
-    # Float features travel in the compute dtype (bfloat16 under mixed_bfloat16: half the infeed bytes).
-    feature_dtype = (
-        keras.mixed_precision.global_policy().compute_dtype
-        if config.cast_to_compute_dtype
-        else None
-    )
-    pipeline_knobs = dict(
-        feature_dtype=feature_dtype,
-        prefetch_batches=config.prefetch_batches,
-        private_threadpool_size=config.private_threadpool_size,
-    )
-
-    def examples_and_cache(split, input_context, training):
-        # Sources that augment at random cache before augmenting, so they take `cache` themselves.
-        reserved = data.run_args(
-            source, training=training, cache=config.cache, skip_corrupt=config.skip_corrupt
-        )
-        examples = source(split=split, input_context=input_context, **reserved, **config.options)
-        return examples, config.cache and "cache" not in reserved
-
-    def train_fn(input_context, skip_steps=0):
-        """Training batches positioned after `skip_steps` steps of data, each epoch in its own seeded order."""
-        examples, cache = examples_and_cache(config.train_split, input_context, training=True)
-        return data.training_batches(
-            examples,
-            config.global_batch_size,
-            input_context,
-            shuffle_buffer=config.shuffle_buffer,
-            seed=recipe.train.seed,
-            cache=cache,
-            deterministic=config.deterministic,
-            skip_steps=skip_steps,
-            steps_per_epoch=steps_per_epoch,
-            **pipeline_knobs,
-        )
-
-    def eval_fn(input_context):
-        """One finite pass; the last batch is completed with zero-weight examples (static shapes)."""
-        examples, cache = examples_and_cache(config.eval_split, input_context, training=False)
-        return data.eval_batches(
-            examples,
-            eval_examples,
-            eval_batch_size(recipe),
-            input_context,
-            cache=cache,
-            **pipeline_knobs,
-        )
-
-    return train_fn, eval_fn
-
-
-def exact_metrics(label_smoothing: float) -> list:
-    """Accuracy, cross-entropy and, with label smoothing, the smoothed training loss (`WeightedLoss`), all weighted
-    by the sample weights. Without smoothing the cross-entropy is the loss: a second metric would compute the softmax
-    over the logits once more every step (6% of a 32k-vocabulary transformer step here)."""
-    import keras
-
-    from tpukit.losses import WeightedLoss
-
-    metrics = [
-        keras.metrics.SparseCategoricalAccuracy(name="accuracy"),
-        keras.metrics.SparseCategoricalCrossentropy(from_logits=True, name="cross_entropy"),
-    ]
-    return metrics + ([WeightedLoss(label_smoothing)] if label_smoothing else [])
-
-
-def build_model(
-    recipe: Recipe, strategy, total_steps: int, jit_compile: bool, steps_per_execution: int
-):
-    """The recipe's model, built and compiled under `strategy.scope()` (the global dtype policy is the caller's)."""
-    import keras
-
-    from tpukit.losses import build_loss
-    from tpukit.models import MODELS
-    from tpukit.optim import build_optimizer
-
-    with strategy.scope():
-        model = MODELS[recipe.model.name](**recipe.model.kwargs)
-        if not isinstance(model, keras.Model):
-            raise RecipeError(
-                f"{recipe.path}: model.name={recipe.model.name!r} returned a {type(model).__name__}, not a "
-                "keras.Model. Fix: make the builder return the model (uncompiled; tpukit compiles it)."
-            )
-        optimizer = build_optimizer(
-            recipe.train, total_steps, global_batch_size=recipe.data.global_batch_size
-        )
-        model.compile(
-            optimizer=optimizer,
-            # Mean over the real examples only: eval batches carry zero-weight padding (see data.eval_batches).
-            loss=build_loss(recipe.train),
-            # Weighted means over the real examples, exact on any number of replicas. Keras' own `loss` weights each
-            # batch by its size, so the zero-weight examples completing the last eval batch pull it down.
-            weighted_metrics=exact_metrics(recipe.train.label_smoothing),
-            jit_compile=jit_compile,
-            steps_per_execution=steps_per_execution,
-        )
-    return model
-
-
-def _probe_steps_per_execution(
-    recipe: Recipe, strategy, make_dataset, steps_per_epoch: int, jit: bool, start_step: int
-) -> int:
-    """Times a few steps of a throwaway copy of the model (one step per call) and returns `loop.auto_...`'s pick.
-
-    The pick also divides the steps left in an interrupted epoch, so a resumed run keeps whole executions.
-    """
-    import keras
-
-    from tpukit import loop
-
-    class Timer(keras.callbacks.Callback):
-        def __init__(self):
-            super().__init__()
-            self.times = []
-
-        def on_train_batch_end(self, batch, logs=None):
-            self.times.append(time.perf_counter())
-
-    probe_steps = min(steps_per_epoch, 8)
-    model = build_model(recipe, strategy, steps_per_epoch, jit, steps_per_execution=1)
-    timer = Timer()
-    model.fit(
-        make_dataset(0),
-        epochs=1,
-        steps_per_epoch=probe_steps,
-        verbose=0,
-        callbacks=[timer],
-        shuffle=False,
-    )
-    gaps = sorted(
-        b - a for a, b in itertools.pairwise(timer.times)
-    )  # the first call (compilation) is left out
-    seconds = gaps[len(gaps) // 2] if gaps else max(timer.times[-1] - timer.times[0], 1e-6)
-    left = steps_per_epoch - start_step % steps_per_epoch
-    chosen = loop.auto_steps_per_execution(
-        max(seconds, 1e-6),
-        math.gcd(steps_per_epoch, left),
-        recipe.runtime.steps_per_execution_target_seconds,
-    )
-    logger.info(
-        "tpukit: steps_per_execution auto -> %d (one step took %.2f ms; target %.2f s per call; %d steps per epoch)",
-        chosen,
-        seconds * 1e3,
-        recipe.runtime.steps_per_execution_target_seconds,
-        steps_per_epoch,
-    )
-    return chosen
-
-
-def _verbose(setting) -> int:
-    """Keras' progress bar redraws with \\r and colour codes even into a pipe; logs get one line per epoch."""
-    if setting == "auto":
-        return 1 if sys.stdout.isatty() or "ipykernel" in sys.modules else 2
-    return setting
-
-
-def _callbacks(
+def make_plan(
     recipe: Recipe,
-    output_dir: str,
-    throughput,
-    steps_per_execution: int,
-    remote_io: bool,
-    state,
-    chief: bool = True,
-):
-    from tpukit import callbacks
+    strategy=None,
+    mode: str = "train_and_eval",
+    output_dir: str = "runs/run",
+    checkpoint: str | None = None,
+) -> Plan:
+    """Validates `recipe` against the hardware, the data and `output_dir`, and returns every decision of the run.
 
-    result = [callbacks.ExactValidationLoss(), throughput]
-    if not chief:
-        pass  # only the chief writes summaries and best.keras (every worker writes its checkpoints)
-    elif remote_io:
-        # Summary writers are eager ops on the remote TPU host, which cannot reach this machine's disk.
-        logger.warning(
-            "tpukit: remote TPU with a local output dir: TensorBoard logs are off (checkpoints and exports are "
-            "routed through /job:localhost). Fix: use a gs:// --output_dir to get TensorBoard logs."
-        )
-    else:
-        log_dir = os.path.join(output_dir, "logs")
-        profile = 0
-        if recipe.runtime.profile_steps:
-            # Keras' TensorBoard counts host calls (each runs steps_per_execution optimizer steps).
-            first, last = recipe.runtime.profile_steps
-            profile = (
-                math.ceil(first / steps_per_execution),
-                math.ceil(last / steps_per_execution),
-            )
-        result.append(callbacks.TrainingScalars(log_dir, throughput))
-        result.append(callbacks.StepTensorBoard(log_dir, profile_batch=profile))
-    if recipe.train.early_stopping_patience is not None:
-        result.append(
-            callbacks.ResumableEarlyStopping(
-                state,
-                monitor=recipe.train.early_stopping_metric,
-                patience=recipe.train.early_stopping_patience,
-                verbose=1,
-            )
-        )
-    if recipe.train.export_best_by and chief:
-        result.append(
-            callbacks.ResumableModelCheckpoint(
-                state, os.path.join(output_dir, "best.keras"), monitor=recipe.train.export_best_by
-            )
-        )
-    return result
-
-
-@dataclasses.dataclass
-class Session:
-    """What `build` made from a plan: the compiled model, its checkpointer and the numbers the report needs."""
-
-    plan: Plan
-    model: Any
-    checkpointer: Any
-    start_step: int
-    flops_per_example: float | None
-    peak_flops: float | None
-    peak_source: str
-    throughput: Any
-
-
-@contextlib.contextmanager
-def dtype_policy(name: str):
-    """Sets Keras' global dtype policy for a run and restores the caller's when it ends."""
-    import keras
-
-    previous = keras.mixed_precision.global_policy()
-    keras.mixed_precision.set_global_policy(name)
-    try:
-        yield
-    finally:
-        keras.mixed_precision.set_global_policy(previous)
-
-
-def _train_dataset(the_plan: Plan):
-    from tpukit import data
-
-    train_fn, _ = input_fns(the_plan.recipe, the_plan.eval_examples, the_plan.steps_per_epoch)
-
-    def make(position):
-        # Each epoch's order depends only on (seed, epoch): a resume reads just the batches already trained in its
-        # epoch (`data.training_batches`), and with data.deterministic sees exactly an uninterrupted run's data.
-        return data.distribute(the_plan.strategy, lambda ctx: train_fn(ctx, skip_steps=position))
-
-    return make
-
-
-def _eval_dataset(the_plan: Plan):
-    from tpukit import data
-
-    _, eval_fn = input_fns(the_plan.recipe, the_plan.eval_examples, the_plan.steps_per_epoch)
-    # A finite dataset read with `steps=plan.eval_steps`: Keras makes a new iterator for every evaluation, and its
-    # loop ends the last execution where the data ends, so an evaluation is one exact pass at any
-    # steps_per_execution (tests/test_recovery.py counts the examples against the exported model).
-    return lambda: data.distribute(the_plan.strategy, eval_fn)
-
-
-def _resolve_steps_per_execution(the_plan: Plan) -> Plan:
-    """The plan with `steps_per_execution: auto` decided by a probe on a throwaway model (unchanged otherwise)."""
-    if the_plan.steps_per_execution != "auto":
-        return the_plan
-    recipe = the_plan.recipe
-    try:
-        chosen = _probe_steps_per_execution(
-            recipe,
-            the_plan.strategy,
-            _train_dataset(the_plan),
-            the_plan.steps_per_epoch,
-            the_plan.jit_compile,
-            the_plan.resume_step,
-        )
-    except ValueError as error:  # builder or optimizer arguments that do not fit together
-        raise RecipeError(f"{recipe.path}: {error}") from None
-    return the_plan.resolved(chosen)
-
-
-def _restore(the_plan: Plan, checkpointer) -> int:
-    """Restores the newest readable checkpoint (on a cluster: the one every worker has); returns its step."""
-    from tpukit import checkpoint as checkpoint_lib
-    from tpukit import cluster
-
-    try:
-        with the_plan.strategy.scope():
-            step = checkpointer.restore(the_plan.checkpoint if the_plan.mode == "eval" else None)
-            agreed = (
-                cluster.agree_resume_step(the_plan.strategy, step) if the_plan.training else step
-            )
-            if agreed != step and not agreed:
-                raise RecipeError(
-                    f"another worker has no checkpoint while this one resumes at step {step} "
-                    f"({the_plan.checkpoint_dir}). Fix: give every worker the same checkpoints (a shared file "
-                    "system), or delete every worker's checkpoints to start over."
-                )
-            if agreed != step:
-                step = checkpointer.restore(os.path.join(the_plan.checkpoint_dir, f"ckpt-{agreed}"))
-    except (checkpoint_lib.CheckpointMismatchError, checkpoint_lib.CheckpointCorruptError) as error:
-        raise RecipeError(str(error)) from None
-    if (
-        the_plan.training and step != the_plan.resume_step
-    ):  # fell back past a damaged newest checkpoint
-        plan_lib.check_resume(
-            the_plan.recipe,
-            the_plan.steps_per_epoch,
-            the_plan.total_steps,
-            the_plan.steps_per_execution,
-            step,
-        )
-    return step
-
-
-def _check_model_fits_data(the_plan: Plan, model) -> None:
-    """The model's declared inputs take the pipeline's features (per example), before anything is written."""
-    import tensorflow as tf
-
-    if not getattr(model, "inputs", None):
-        return  # a subclassed model declares no inputs; Keras reports a mismatch at the first step
-    train_fn, _ = input_fns(the_plan.recipe, the_plan.eval_examples)
-    features = train_fn(None).element_spec[0]
-    specs, inputs = tf.nest.flatten(features), model.inputs
-    if len(specs) != len(inputs):
-        raise RecipeError(
-            f"{the_plan.recipe.path}: model {the_plan.recipe.model.name!r} takes {len(inputs)} input(s) but "
-            f"data.source={the_plan.recipe.data.source!r} gives {len(specs)} feature tensor(s). Fix: make them match."
-        )
-    for spec, tensor in zip(specs, inputs, strict=True):
-        data_shape, model_shape = tuple(spec.shape[1:]), tuple(tensor.shape[1:])
-        if len(data_shape) != len(model_shape) or any(
-            m is not None and d is not None and m != d
-            for d, m in zip(data_shape, model_shape, strict=True)
-        ):
-            raise RecipeError(
-                f"{the_plan.recipe.path}: the model takes examples of shape {list(model_shape)} but "
-                f"data.source={the_plan.recipe.data.source!r} gives {list(data_shape)}. Fix: set the model's input "
-                f"shape to the data's (e.g. --set model.input_shape={list(data_shape)}) or change the data options."
-            )
-
-
-def build(the_plan: Plan) -> Session:
-    """Resolves `steps_per_execution: auto` (a probe on a throwaway model), then seeds, builds and compiles the model
-    under the plan's strategy, and restores the newest readable checkpoint. Call it under `dtype_policy`."""
-    import keras
-
-    from tpukit import __version__, cluster, flops, loop
-    from tpukit import checkpoint as checkpoint_lib
-    from tpukit.callbacks import Throughput
-
-    recipe = the_plan.recipe
-    cluster.check_same_recipe(the_plan.strategy, recipe, __version__)
-    # Before seeding, so the model trained below is initialized exactly as with a fixed value.
-    the_plan = _resolve_steps_per_execution(the_plan)
-    keras.utils.set_random_seed(recipe.train.seed)
-    try:
-        model = build_model(
-            recipe,
-            the_plan.strategy,
-            the_plan.total_steps,
-            the_plan.jit_compile,
-            the_plan.steps_per_execution,
-        )
-    except ValueError as error:  # builder or optimizer arguments that do not fit together
-        raise RecipeError(f"{recipe.path}: {error}") from None
-    _check_model_fits_data(the_plan, model)
-    # Keras 3.15's own train function fails with steps_per_execution > 1 on 2+ Mirrored replicas
-    # (keras-team/keras#19246) and on every MultiWorkerMirroredStrategy; see loop.py.
-    loop.use_multi_step_loop(model, recipe.runtime.loop)
-    checkpointer = checkpoint_lib.Checkpointer(
-        the_plan.checkpoint_dir,
-        model,
-        model.optimizer,
-        recipe.runtime.max_checkpoints_to_keep,
-        options=checkpoint_lib.io_options(the_plan.io_device),
-    )
-    start_step = _restore(the_plan, checkpointer)
-    peak_flops, peak_source = (None, "")
-    if the_plan.training:
-        peak_flops, peak_source = flops.device_peak_flops(
-            the_plan.strategy_kind, None, the_plan.replicas, precision=the_plan.precision
-        )
-        logger.info("tpukit: %s", peak_source)
-    return Session(
-        the_plan,
-        model,
-        checkpointer,
-        start_step,
-        flops.model_flops_per_example(model),
-        peak_flops,
-        peak_source,
-        Throughput(recipe.data.global_batch_size),
-    )
-
-
-def train(session: Session, callbacks: list | None = None):
-    """Trains from `session.start_step` to the plan's last step (see `tpukit.trainer.fit_with_recovery`)."""
-    from tpukit import trainer
-
-    the_plan, recipe = session.plan, session.plan.recipe
-    if not the_plan.training:
-        return trainer.Outcome("done", {}, 0)
-    if session.start_step >= the_plan.total_steps:
-        logger.info(
-            "tpukit: all %d epochs are done already (step %d)",
-            recipe.train.epochs,
-            session.start_step,
-        )
-    started = time.time()
-    outcome = trainer.fit_with_recovery(
-        session.model,
-        _train_dataset(the_plan),
-        checkpointer=session.checkpointer,
-        steps_per_epoch=the_plan.steps_per_epoch,
-        epochs=recipe.train.epochs,
-        callbacks=_callbacks(
-            recipe,
-            the_plan.output_dir,
-            session.throughput,
-            the_plan.steps_per_execution,
-            the_plan.io_device is not None,
-            session.checkpointer.state,
-            chief=the_plan.chief,
-        )
-        + list(callbacks or []),
-        checkpoint_every_steps=recipe.runtime.checkpoint_every_steps,
-        checkpoint_max_overhead=recipe.runtime.checkpoint_max_overhead,
-        max_nan_retries=recipe.train.max_nan_retries,
-        validation_data=_eval_dataset(the_plan) if the_plan.evaluating else None,
-        validation_steps=the_plan.eval_steps,
-        validation_freq=recipe.train.eval_every_epochs,
-        verbose=_verbose(recipe.runtime.verbose),
-    )
-    if session.checkpointer.step > session.start_step:
-        logger.info(
-            "tpukit: trained steps %d..%d in %.1fs (%s)",
-            session.start_step,
-            session.checkpointer.step,
-            time.time() - started,
-            outcome.status,
-        )
-    return outcome
-
-
-def evaluate(session: Session, outcome) -> dict[str, float]:
-    """One exact pass over the eval split (the last batch completed with zero-weight examples); {} without
-    evaluation."""
-    the_plan = session.plan
-    if not the_plan.evaluating or outcome.status == "preempted":
-        return {}
-    from tpukit.callbacks import ExactValidationLoss, with_aliases
-
-    results = session.model.evaluate(
-        _eval_dataset(the_plan)(),
-        steps=the_plan.eval_steps,
-        return_dict=True,
-        verbose=_verbose(the_plan.recipe.runtime.verbose),
-        callbacks=[ExactValidationLoss()],  # the printed `loss` over the real examples
-    )
-    # The returned dict too (Keras' CallbackList hands callbacks a copy of the logs).
-    return with_aliases({k: float(v) for k, v in results.items()})
-
-
-def export(session: Session, outcome) -> dict[str, str]:
-    """`model.keras` and the SavedModel `serve` endpoint (see `tpukit.export`); {} in eval mode or when preempted."""
-    from tpukit.export import export_model
-
-    if not session.plan.training or outcome.status == "preempted":
-        return {}
-    if not session.plan.chief:
-        # Every worker takes part (SavedModel saving may read distributed variables collectively, as in TF's
-        # multi-worker guide); only the chief keeps the files.
-        import tempfile
-
-        with tempfile.TemporaryDirectory(prefix="tpukit-export-") as scratch:
-            export_model(session.model, scratch, io_device=session.plan.io_device)
-        return {}
-    return export_model(session.model, session.plan.output_dir, io_device=session.plan.io_device)
-
-
-def report(session: Session, outcome, evaluation: dict, exported: dict) -> dict:
-    """Writes `metrics.json` (`eval_metrics.json` in eval mode) and returns it."""
-    from tpukit import flops
-
-    the_plan, recipe, throughput = session.plan, session.plan.recipe, session.throughput
-    step = session.checkpointer.step
-    metrics = {
-        "recipe": recipe.path,
-        "mode": the_plan.mode,
-        "status": outcome.status,
-        "strategy": type(the_plan.strategy).__name__,
-        "replicas": the_plan.replicas,
-        "precision": the_plan.precision,
-        "jit_compile": the_plan.jit_compile,
-        "steps_per_execution": the_plan.steps_per_execution,
-        "global_batch_size": the_plan.global_batch_size,
-        "steps_per_epoch": the_plan.steps_per_epoch,
-        "step": step,
-        "resumed_from_step": session.start_step,
-        "nan_rollbacks": outcome.nan_rollbacks,
-        # Data skipped after NaN rollbacks (the window from the restored checkpoint to the step that diverged).
-        "nan_skipped_examples": outcome.skipped_steps * the_plan.global_batch_size,
-        "train": {k: v[-1] for k, v in outcome.history.items() if not k.startswith("val_")},
-        "validation": {k: v[-1] for k, v in outcome.history.items() if k.startswith("val_")},
-        "eval": evaluation,
-        "eval_examples": (
-            the_plan.corrupt[recipe.data.eval_split].examples(the_plan.eval_examples)
-            if recipe.data.eval_split in the_plan.corrupt
-            else the_plan.eval_examples
-        ),
-        "skipped_corrupt": {split: report.to_json() for split, report in the_plan.corrupt.items()},
-        "examples_per_second": throughput.examples_per_second,
-        "steps_per_second": throughput.steps_per_second,
-        "time_to_first_step_seconds": throughput.time_to_first_step,
-        "flops_per_example": session.flops_per_example,
-        "peak_flops": session.peak_flops,
-        "peak_flops_dtype": flops.peak_dtype(the_plan.precision, the_plan.strategy_kind),
-        "peak_flops_source": session.peak_source,
-        "mfu": flops.mfu(
-            session.flops_per_example, throughput.examples_per_second, session.peak_flops
-        ),
-        "exported": exported,
-    }
-    path = os.path.join(
-        the_plan.output_dir, "eval_metrics.json" if the_plan.mode == "eval" else "metrics.json"
-    )
-    if the_plan.training and step == session.start_step and os.path.isfile(path):
-        # Nothing was trained in this call (the run was complete): keep what the training run measured.
-        with open(path, encoding="utf-8") as f:
-            previous = json.load(f)
-        for key in (
-            "train",
-            "validation",
-            "examples_per_second",
-            "steps_per_second",
-            "time_to_first_step_seconds",
-            "mfu",
-        ):
-            if not metrics[key] and previous.get(key):
-                metrics[key] = previous[key]
-    if (
-        the_plan.chief
-    ):  # the other workers' metrics are the chief's (one model, one eval over all shards)
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(metrics, f, indent=2)
-    return metrics
+    Nothing is built and nothing is written. `strategy` defaults to `tpukit.connect(recipe.runtime.tpu)`. Raises
+    `RecipeError` (the message names the key, the value and the fix) for anything the run would reject that needs
+    no model; the engine's `build` raises the rest (the model against its data and checkpoint, the cluster's
+    agreement) before anything is written. The cheap checks run first, then the engine connects, then the data is
+    counted; `tpukit.planner.decide` makes the decisions from what was found.
+    """
+    engine = engines.get("tensorflow")
+    recipe.validate()
+    evaluating = planner.check_request(recipe, mode, checkpoint)
+    hardware = engine.hardware(recipe, strategy, output_dir)
+    output_dir = planner.worker_output_dir(hardware, output_dir)
+    checkpoint_dir = os.path.join(output_dir, "checkpoints")
+    found = engine.checkpoints(checkpoint_dir, checkpoint)
+    planner.check_checkpoint(mode, checkpoint, checkpoint_dir, found)  # before counting the data
+    planner.check_input_paths(recipe, hardware)
+    data = task.count_data(recipe, evaluating)
+    return planner.decide(recipe, hardware, data, found, mode, output_dir, checkpoint)
 
 
 def run(
@@ -621,111 +67,51 @@ def run(
         strategy: a `tf.distribute.Strategy` to use instead of `tpukit.connect(recipe.runtime.tpu)`.
         mode: "train_and_eval" (validate every `train.eval_every_epochs`, evaluate at the end), "train"
             (no evaluation), or "eval" (evaluate `checkpoint`, default the newest in `output_dir`, and nothing else).
-        checkpoint: for mode "eval": a checkpoint path (default: the newest one in `output_dir/checkpoints`).
+        checkpoint: for mode "eval" only: a checkpoint path (default: the newest one in `output_dir/checkpoints`).
         callbacks: extra Keras callbacks for `fit`.
 
     Raises:
         RecipeError: the recipe does not fit this hardware (batch sizes) or the data; nothing is written then.
-        tpukit.trainer.TrainingDivergedError: the loss stayed non-finite after `train.max_nan_retries` rollbacks.
+        OutputDirError: the output directory stopped taking writes; earlier checkpoints are kept.
+        tpukit.engines.tensorflow.trainer.TrainingDivergedError: the loss stayed non-finite after
+            `train.max_nan_retries` rollbacks.
     """
-    the_plan = plan(recipe, strategy, mode, output_dir, checkpoint)
-    if the_plan.engine not in ENGINES:
-        raise RecipeError(
-            f"engine {the_plan.engine!r} is not available; engines: {', '.join(ENGINES)}."
-        )
-    build_fn, train_fn, evaluate_fn, export_fn, report_fn = ENGINES[the_plan.engine]
+    the_plan = make_plan(recipe, strategy, mode, output_dir, checkpoint)
+    engine = engines.get(the_plan.engine)
     logger.info("%s", the_plan.describe())
-    with dtype_policy(the_plan.precision), _explained(the_plan):
-        session = build_fn(the_plan)
+    with engine.dtype_policy(the_plan.precision), engine.explained(the_plan):
+        session = engine.build(the_plan)
         # Validation is over: from here on the output directory is written.
         os.makedirs(session.plan.output_dir, exist_ok=True)
         if session.plan.training and session.plan.chief:
             save_recipe(recipe, os.path.join(session.plan.output_dir, "recipe.yaml"))
-        outcome = train_fn(session, callbacks)
-        evaluation = evaluate_fn(session, outcome)
-        exported = export_fn(session, outcome)
-        return report_fn(session, outcome, evaluation, exported)
+        outcome = engine.train(session, callbacks)
+        evaluation = engine.evaluate(session, outcome)
+        exported = engine.export(session, outcome)
+        metrics = engine.report(session, outcome, evaluation, exported)
+        return write_metrics(session.plan, metrics)
 
 
-class OutputDirError(RuntimeError):
-    """The output directory stopped taking writes (full, read-only, no permission). Earlier checkpoints are kept."""
-
-
-_OUTPUT_FAILURES = (
-    "No space left on device",
-    "Read-only file system",
-    "Permission denied",
-    "Disk quota exceeded",
-)
-
-
-def _output_failure(the_plan: Plan, error: BaseException) -> OutputDirError | None:
-    text = f"{error}"
-    reason = next((r for r in _OUTPUT_FAILURES if r in text), None)
-    if reason is None:
-        return None
-    step = plan_lib.newest_checkpoint_step(the_plan.checkpoint_dir)
-    return OutputDirError(
-        f"cannot write to {the_plan.output_dir}: {reason} ({type(error).__name__}: {text.splitlines()[0][:200]}). "
-        f"The checkpoints written before are kept (newest: step {step}). Fix: free space or make the directory "
-        "writable (or pass another --output_dir holding a copy of it), then run the same command to resume."
+def write_metrics(the_plan: Plan, metrics: dict) -> dict:
+    """Writes `metrics.json` (`eval_metrics.json` in eval mode; the chief only) and returns what it wrote. A call
+    that trained nothing (the run was complete) keeps what the training run measured."""
+    path = os.path.join(
+        the_plan.output_dir, "eval_metrics.json" if the_plan.mode == "eval" else "metrics.json"
     )
-
-
-def _label_range(the_plan: Plan, error: BaseException) -> RecipeError | None:
-    """Keras' 'label value outside the valid range' (more classes in the data than the model has) as a RecipeError."""
-    import re
-
-    found = re.search(
-        r"Received a label value of (-?\d+) which is outside the valid range of \[0, (\d+)\)",
-        str(error),
-    )
-    if not found:
-        return None
-    label, classes = int(found.group(1)), int(found.group(2))
-    return RecipeError(
-        f"{the_plan.recipe.path}: data.source={the_plan.recipe.data.source!r} has label {label}, but model "
-        f"{the_plan.recipe.model.name!r} outputs {classes} classes. Fix: set the model's class count above the "
-        f"largest label (e.g. --set model.num_classes={label + 1}) or check the labels."
-    )
-
-
-@contextlib.contextmanager
-def _explained(the_plan: Plan):
-    """Errors met while building, training and evaluating: a corrupt record becomes a RecipeError naming the file
-    and record (checkpoints stay as they are); a known environment error gets its cause and fix attached."""
-    from tpukit import diagnose
-
-    try:
-        yield
-    except Exception as error:
-        failure = _recipe_or_output_failure(the_plan, error)
-        if failure is not None:
-            raise failure from None
-        diagnose.annotate(error)
-        raise
-
-
-def _recipe_or_output_failure(the_plan: Plan, error: BaseException) -> Exception | None:
-    """The tpukit error that `error` means, or None: a corrupt record or a label beyond the model's classes
-    (RecipeError), or an output directory that stopped taking writes (OutputDirError)."""
-    import tensorflow as tf
-
-    from tpukit import data
-
-    if isinstance(error, tf.errors.OpError):
-        config = the_plan.recipe.data
-        splits = [s for s in (config.train_split, config.eval_split) if s]
-        corrupt = data.explain_data_error(error, config.source, splits, config.options)
-        if corrupt is not None:
-            return RecipeError(f"{the_plan.recipe.path}: data: {corrupt}")
-        return _output_failure(the_plan, error) or _label_range(the_plan, error)
-    if isinstance(error, OSError):
-        return _output_failure(the_plan, error)
-    return None
-
-
-# The seam for a second execution engine: `run` composes `build`, `train`, `evaluate`, `export` and `report`, which
-# take a `Plan` and return engine-neutral results (a Session, an Outcome, dicts). An engine for Keras on JAX
-# (`keras.distribution`) would provide the same five functions and register here under its `Plan.engine` name.
-ENGINES = {"tensorflow": (build, train, evaluate, export, report)}
+    if the_plan.training and metrics["step"] == metrics["resumed_from_step"] and os.path.isfile(path):
+        with open(path, encoding="utf-8") as f:
+            previous = json.load(f)
+        for key in (
+            "train",
+            "validation",
+            "examples_per_second",
+            "steps_per_second",
+            "time_to_first_step_seconds",
+            "mfu",
+        ):
+            if not metrics[key] and previous.get(key):
+                metrics[key] = previous[key]
+    if the_plan.chief:  # the other workers' metrics are the chief's (one model, one eval over all shards)
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(metrics, f, indent=2)
+    return metrics

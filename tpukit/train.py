@@ -63,9 +63,9 @@ def main(argv: list[str]) -> int:
         recipe = load_recipe(argv[1], overrides)
         name = os.path.splitext(os.path.basename(recipe.path))[0]
         output_dir = FLAGS.output_dir or os.path.join("runs", name)
+        from tpukit.engines.tensorflow.strategy import TPUConnectionError
+        from tpukit.engines.tensorflow.trainer import TrainingDivergedError
         from tpukit.runner import OutputDirError, run
-        from tpukit.strategy import TPUConnectionError
-        from tpukit.trainer import TrainingDivergedError
 
         try:
             metrics = run(recipe, output_dir, mode=FLAGS.mode, checkpoint=FLAGS.checkpoint)
@@ -73,7 +73,7 @@ def main(argv: list[str]) -> int:
             print(f"tpukit: error: {error}", file=sys.stderr)
             return 1
         except Exception as error:  # noqa: BLE001 - known environment errors get cause and fix, not a traceback
-            from tpukit import diagnose
+            from tpukit.environment import diagnose
 
             explanation = diagnose.explain(error)
             if explanation is None:

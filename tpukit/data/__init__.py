@@ -1,9 +1,12 @@
 """tf.data sources and the distributed pipeline. Usable on their own, in any Keras code."""
 
+from tpukit.environment import backend as _backend
+
+_backend.use_default()  # before anything below imports Keras or TensorFlow
+
 import inspect
 import logging
 
-from tpukit import compat as _compat  # noqa: F401  (sets the Keras backend before TensorFlow/Keras load)
 from tpukit.data import corrupt
 from tpukit.data import text as _text
 from tpukit.data import tfds as _tfds

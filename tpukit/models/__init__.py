@@ -3,7 +3,10 @@
 Model code never sees a strategy, a device or a recipe: build it under whatever `strategy.scope()` you train with.
 """
 
-from tpukit import compat as _compat  # noqa: F401  (sets the Keras backend before Keras loads)
+from tpukit.environment import backend as _backend
+
+_backend.use_default()  # before anything below imports Keras or TensorFlow
+
 from tpukit.models.cnn import small_cnn
 from tpukit.models.resnet import resnet50, resnet_cifar
 from tpukit.models.transformer import causal_lm, transformer_classifier

@@ -1,9 +1,9 @@
 """Pictures and one-line summaries of a run, read from what the run itself wrote (for notebooks and reports).
 
-    tpukit.plots.learning_curves(output_dir)                 # from output_dir/logs (TensorBoard event files)
-    images, labels = tpukit.plots.eval_examples(recipe, 16)  # from the recipe's own eval split
-    tpukit.plots.predictions(model, images, labels)
-    print(tpukit.plots.throughput_line(metrics))             # from metrics.json
+    tpukit.notebook.plots.learning_curves(output_dir)                 # from output_dir/logs (TensorBoard event files)
+    images, labels = tpukit.notebook.plots.eval_examples(recipe, 16)  # from the recipe's own eval split
+    tpukit.notebook.plots.predictions(model, images, labels)
+    print(tpukit.notebook.plots.throughput_line(metrics))             # from metrics.json
 
 Figures are made with pyplot, so a notebook shows them inline (as PNG) at the end of the cell; each function
 returns its `matplotlib.figure.Figure`. matplotlib is the `notebooks` extra, imported only when a figure is made.

@@ -180,7 +180,7 @@ class StepTensorBoard(keras.callbacks.TensorBoard):
 
 
 def _exact_loss_name(logs: dict, prefix: str = "") -> str | None:
-    """The logged metric that is the exact loss over the real examples: `weighted_loss` (`tpukit.losses.WeightedLoss`,
+    """The logged metric that is the exact loss over the real examples: `weighted_loss` (`tpukit.task.losses.WeightedLoss`,
     compiled with label smoothing), else `cross_entropy` (which is the loss without smoothing); None if neither."""
     for name in ("weighted_loss", "cross_entropy"):
         if prefix + name in logs:

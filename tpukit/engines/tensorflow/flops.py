@@ -274,7 +274,7 @@ def peak_dtype(precision: str, strategy_kind: str = "default") -> str:
 
     Args:
         precision: the Keras dtype policy name the model trains with ("float32", "mixed_bfloat16", ...).
-        strategy_kind: `tpukit.strategy.kind_of(strategy)`.
+        strategy_kind: `tpukit.engines.tensorflow.strategy.kind_of(strategy)`.
     """
     if precision not in _COMPUTE_DTYPES:
         raise ValueError(
@@ -284,7 +284,7 @@ def peak_dtype(precision: str, strategy_kind: str = "default") -> str:
 
 
 def detect_device_kind(strategy_kind: str) -> str | None:
-    """Best-effort description of the accelerator behind a strategy kind (see `tpukit.strategy.kind_of`).
+    """Best-effort description of the accelerator behind a strategy kind (see `tpukit.engines.tensorflow.strategy.kind_of`).
 
     TPU: `$TPU_ACCELERATOR_TYPE` (set on GKE and the Colab/Kaggle TPU runtimes), else the `device_kind`
     TensorFlow reports for the first local TPU (TensorFlow documents device details for GPUs only, so this may
@@ -416,7 +416,7 @@ def device_peak_flops(
     """Peak FLOP/s of all the devices a strategy trains on, for the dtype that trains, and where it comes from.
 
     Args:
-        strategy_kind: `tpukit.strategy.kind_of(strategy)`: "tpu", "multi_worker", "mirrored", "one_device" or
+        strategy_kind: `tpukit.engines.tensorflow.strategy.kind_of(strategy)`: "tpu", "multi_worker", "mirrored", "one_device" or
             "default".
         device_kind: for a TPU, its device kind or accelerator type ("TPU v4", "v5litepod-8"; see
             `detect_device_kind`); for a CPU or GPU, the description the measurement is cached under (include

@@ -1,4 +1,4 @@
-"""Per-hardware choices for speed: the mixed-precision policy and whether the train step is compiled with XLA.
+"""Per-hardware choices for speed (pure: the engine passes in what it found): the mixed-precision policy and whether the train step is compiled with XLA.
 
 Measured with `benchmarks/precision_xla.py` on a 2-core x86 CPU (AVX512_BF16, oneDNN on), TF 2.21 / Keras 3.15,
 digits_cnn: float32 without XLA is the fastest; XLA-compiled float32 ran at 0.3-0.6x of it and mixed_bfloat16 at
@@ -22,15 +22,6 @@ class Decision:
     reason: str
 
 
-def _gpu_compute_capability() -> tuple[int, int] | None:
-    import tensorflow as tf
-
-    gpus = tf.config.list_physical_devices("GPU")
-    if not gpus:
-        return None
-    details = tf.config.experimental.get_device_details(gpus[0])
-    return details.get("compute_capability")
-
 
 def choose_precision(
     requested: str, kind: str, compute_capability: tuple[int, int] | None = None
@@ -46,9 +37,7 @@ def choose_precision(
     if kind == "tpu":
         return Decision("mixed_bfloat16", "TPUs compute in bfloat16 natively")
     if kind in ("one_device", "mirrored", "multi_worker"):
-        capability = (
-            compute_capability if compute_capability is not None else _gpu_compute_capability()
-        )
+        capability = compute_capability  # found by the engine (`Hardware.gpu_compute_capability`)
         if capability is not None:
             if tuple(capability) >= (8, 0):
                 return Decision(

@@ -32,8 +32,8 @@ import time
 
 import keras
 
-from tpukit import checkpoint as checkpoint_lib
-from tpukit import cluster
+from tpukit.engines.tensorflow import checkpoint as checkpoint_lib
+from tpukit.engines.tensorflow import cluster
 
 logger = logging.getLogger("tpukit")
 

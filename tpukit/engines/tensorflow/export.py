@@ -133,7 +133,7 @@ def load_serving(path: str, *, io_device: str | None = None, endpoint: str = SER
         available = sorted(loaded.signatures.keys())
         raise ValueError(
             f"load_serving: the SavedModel at {path!r} has no endpoint {endpoint!r}; received endpoint={endpoint!r}, "
-            f"its signatures are {available}. Fix: pass one of those, or re-export with tpukit.export.export_model."
+            f"its signatures are {available}. Fix: pass one of those, or re-export with tpukit.engines.tensorflow.export.export_model."
         )
 
     def serve(*args, **kwargs):

@@ -1,8 +1,9 @@
-"""Import-time checks: Keras must run on the TensorFlow backend, and TensorFlow must be in the tested range.
+"""The TensorFlow engine's checks, run when it is first used (never at `import tpukit`): Keras on the TensorFlow
+backend, TensorFlow and Keras in the tested ranges.
 
 TPU hosts run the `tensorflow-tpu` wheel, which stopped at 2.19.1 for Keras (and 2.18 on Google's TPU VM images)
 while the CPU wheel is at 2.21, so tpukit supports a range rather than one version. The range is every TensorFlow
-minor in `tpukit.versions.COMBINATIONS` (where each row says where its knowledge comes from); setup.cfg's
+minor in `tpukit.environment.versions.COMBINATIONS` (where each row says where its knowledge comes from); setup.cfg's
 `tensorflow` extra declares the same range.
 """
 
@@ -10,19 +11,8 @@ from __future__ import annotations
 
 import os
 
-from tpukit.versions import MAX_TF_EXCLUSIVE, MIN_TF
-
-
-def _ensure_tensorflow_backend() -> None:
-    backend = os.environ.get("KERAS_BACKEND")
-    if backend is None:
-        os.environ["KERAS_BACKEND"] = "tensorflow"
-    elif backend != "tensorflow":
-        raise ImportError(
-            f"tpukit trains with TensorFlow's TPUStrategy and needs the Keras 'tensorflow' backend; "
-            f"received KERAS_BACKEND={backend!r}. Fix: set KERAS_BACKEND=tensorflow before importing keras "
-            "(in a notebook: restart the runtime, then set it in the first cell)."
-        )
+from tpukit.environment import backend
+from tpukit.environment.versions import MAX_TF_EXCLUSIVE, MIN_TF
 
 
 def _version_tuple(version: str) -> tuple[int, int]:
@@ -32,6 +22,7 @@ def _version_tuple(version: str) -> tuple[int, int]:
 
 def check_tensorflow() -> str:
     """Imports TensorFlow and returns its version; raises ImportError with the fix if it is missing or out of range."""
+    backend.require("tensorflow", "TensorFlow")
     try:
         import tensorflow as tf
     except ImportError as error:  # pragma: no cover - exercised only without TensorFlow installed
@@ -83,4 +74,3 @@ def check_keras() -> str:
     raise ImportError(f"{message}, or set {ALLOW_UNTESTED_KERAS}=1 to try it anyway.")
 
 
-_ensure_tensorflow_backend()

@@ -12,7 +12,8 @@ from __future__ import annotations
 import logging
 import os
 
-from tpukit.planner import newest_checkpoint_step, plan
+from tpukit.engines.tensorflow.checkpoint import newest_checkpoint_step
+from tpukit.runner import make_plan as plan
 from tpukit.recipe import Recipe, RecipeError, load_recipe
 
 logger = logging.getLogger("tpukit")
@@ -24,7 +25,7 @@ def has_accelerator(strategy) -> bool:
     """True when `strategy` trains on a TPU or this process sees a GPU."""
     import tensorflow as tf
 
-    from tpukit.strategy import kind_of
+    from tpukit.engines.tensorflow.strategy import kind_of
 
     return kind_of(strategy) == "tpu" or bool(tf.config.list_logical_devices("GPU"))
 

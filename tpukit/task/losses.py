@@ -85,7 +85,7 @@ class WeightedLoss(keras.metrics.Mean):
 
     Keras' own `loss` metric weights every batch by its size, so the zero-weight examples that complete the last
     eval batch pull it down; this one is exact. tpukit compiles it when `label_smoothing` > 0 (else the
-    cross-entropy metric is the loss), and `callbacks.ExactValidationLoss` and `runner.evaluate` report it as
+    cross-entropy metric is the loss), and `callbacks.ExactValidationLoss` and the engine's `evaluate` report it as
     `val_loss` / `loss`. Regularization terms (`model.losses`) are not included.
     """
 

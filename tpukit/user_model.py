@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tpukit.recipe import DataConfig, RecipeError, RuntimeConfig, TrainConfig, from_dict
-from tpukit.registry import register_model, register_source
+from tpukit.recipe.registry import register_model, register_source
 
 _SECTIONS = {"data": DataConfig, "train": TrainConfig, "runtime": RuntimeConfig}
 

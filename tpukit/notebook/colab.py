@@ -8,7 +8,7 @@ cell to paste. The block uses the standard library only.
 
 What it does, in order:
 1. `detect_runtime`: "tpu" (Colab/Kaggle TPU runtimes, Cloud TPU VMs), "gpu" or "cpu", from environment variables
-   and device files, as `tpukit.strategy.tpu_vm_present` and `tpukit.doctor.detect_runtime` judge them.
+   and device files, as `tpukit.engines.tensorflow.strategy.tpu_vm_present` and `tpukit.tools.doctor.detect_runtime` judge them.
 2. `install_plan`: TPU -> `tpukit[tpu]` plus the pinned row of `tpukit/versions.py` (removing a CPU TensorFlow
    wheel first: it writes the same `tensorflow` module); GPU/CPU -> `tpukit[tensorflow]`, which keeps a
    preinstalled TensorFlow that is in range (Colab's GPU build keeps its CUDA setup).

@@ -234,3 +234,13 @@ class Checkpointer:
         if max_overhead is None or self.manager.latest_checkpoint is None:
             return True
         return time.perf_counter() - self.saved_at >= self.save_seconds / max_overhead
+
+
+def newest_checkpoint_step(checkpoint_dir: str) -> int:
+    """The step of the newest `ckpt-N` in `checkpoint_dir` (tpukit numbers checkpoints by step), 0 when none."""
+    steps = [
+        int(m.group(1))
+        for p in tf.io.gfile.glob(os.path.join(checkpoint_dir, "ckpt-*.index"))
+        if (m := re.search(r"ckpt-(\d+)\.index$", p))
+    ]
+    return max(steps, default=0)

@@ -1,8 +1,8 @@
 """Text from a trained causal language model: greedy and temperature sampling, one token at a time.
 
     model = keras.saving.load_model(metrics["exported"]["keras"])
-    print(tpukit.sampling.generate_text(model, "ROMEO:", num_tokens=200))                      # greedy
-    print(tpukit.sampling.generate_text(model, "ROMEO:", 200, temperature=0.8, seed=0))        # sampled
+    print(tpukit.notebook.sampling.generate_text(model, "ROMEO:", num_tokens=200))                      # greedy
+    print(tpukit.notebook.sampling.generate_text(model, "ROMEO:", 200, temperature=0.8, seed=0))        # sampled
 
 Works on `tpukit.models.causal_lm` (and any Keras model with the same contract: int token ids of a static shape
 `(batch, sequence_length)` in, next-token logits `(batch, sequence_length, vocab)` out, position t attending only

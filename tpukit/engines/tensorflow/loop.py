@@ -29,13 +29,12 @@ body, with no nested `tf.function`; only the iterator fetch is conditional. Kera
 Partial executions. Keras' epoch iterator (keras/src/trainers/epoch_iterator.py line 113,
 `for step in range(0, steps_per_epoch, self.steps_per_execution)`) always asks for whole executions, so with a
 repeated dataset an epoch of 8 steps at `steps_per_execution=3` trains 9 steps: the step count, learning-rate
-schedule and checkpoints drift from the epochs. `check_steps_per_execution` rejects that before training.
+schedule and checkpoints drift from the epochs. `tpukit.planner.steps.check_steps_per_execution` rejects that before training.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import types
 
 logger = logging.getLogger("tpukit")
@@ -222,68 +221,3 @@ def use_multi_step_loop(model, loop: str = "auto") -> bool:
     return True
 
 
-def divisors(number: int) -> list[int]:
-    """The divisors of `number`, ascending."""
-    small = [d for d in range(1, math.isqrt(number) + 1) if number % d == 0]
-    return sorted(set(small + [number // d for d in small]))
-
-
-def _positive_int(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer. Received: {name}={value!r}")
-
-
-def check_steps_per_execution(steps_per_execution: int, steps_per_epoch: int) -> None:
-    """Raises ValueError unless `steps_per_execution` divides `steps_per_epoch`.
-
-    Keras only runs whole executions, so otherwise every epoch trains `ceil(steps_per_epoch / steps_per_execution)
-    * steps_per_execution` steps on repeated data (keras/src/trainers/epoch_iterator.py line 113).
-    """
-    _positive_int("steps_per_execution", steps_per_execution)
-    _positive_int("steps_per_epoch", steps_per_epoch)
-    if steps_per_epoch % steps_per_execution:
-        trained = -(-steps_per_epoch // steps_per_execution) * steps_per_execution
-        valid = ", ".join(str(d) for d in divisors(steps_per_epoch))
-        raise ValueError(
-            f"steps_per_execution={steps_per_execution} does not divide steps_per_epoch={steps_per_epoch}: Keras runs "
-            f"whole executions only, so each epoch would train {trained} steps instead of {steps_per_epoch}. "
-            f"Fix: use a divisor of {steps_per_epoch}: {valid}."
-        )
-
-
-def auto_steps_per_execution(
-    time_one_step_seconds: float,
-    steps_per_epoch: int,
-    target_seconds: float = 0.5,
-    maximum: int = 1000,
-) -> int:
-    """The largest divisor of `steps_per_epoch` (at most `maximum`) whose execution takes at most `target_seconds`.
-
-    One execution of `steps_per_execution` steps takes about `steps_per_execution * time_one_step_seconds`. Longer
-    executions amortize the per-call host overhead; `target_seconds` keeps callbacks (progress bar, TensorBoard,
-    preemption checks) responsive. Never less than 1, even when one step alone exceeds the target.
-
-    Args:
-        time_one_step_seconds: measured seconds per train step (after compilation), > 0.
-        steps_per_epoch: steps in one epoch; the result divides it (see `check_steps_per_execution`).
-        target_seconds: upper bound on one execution's time, > 0.
-        maximum: upper bound on the result, >= 1.
-    """
-    if not time_one_step_seconds > 0 or math.isinf(time_one_step_seconds):
-        raise ValueError(
-            f"time_one_step_seconds must be a positive, finite number of seconds. "
-            f"Received: time_one_step_seconds={time_one_step_seconds!r}"
-        )
-    if not target_seconds > 0:
-        raise ValueError(
-            f"target_seconds must be positive. Received: target_seconds={target_seconds!r}"
-        )
-    _positive_int("steps_per_epoch", steps_per_epoch)
-    _positive_int("maximum", maximum)
-    # The tiny tolerance keeps e.g. 5 x 0.1 s within a 0.5 s target despite float rounding.
-    fits = [
-        d
-        for d in divisors(steps_per_epoch)
-        if d <= maximum and d * time_one_step_seconds <= target_seconds * (1 + 1e-9)
-    ]
-    return max(fits, default=1)

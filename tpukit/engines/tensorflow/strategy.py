@@ -23,7 +23,8 @@ import json
 import logging
 import os
 
-from tpukit import compat, diagnose, versions
+from tpukit.engines.tensorflow import compat
+from tpukit.environment import diagnose, versions
 
 logger = logging.getLogger("tpukit")
 

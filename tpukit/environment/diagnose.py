@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from tpukit import versions
+from tpukit.environment import versions
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,576 @@
+"""The TensorFlow engine: a `Plan` executed with tf.distribute and Keras' TensorFlow trainer.
+
+    hardware = engine.hardware(recipe, strategy, output_dir)   # connect; what the planner needs to know
+    session = engine.build(the_plan)     # the model, compiled under the strategy, restored if resuming
+    outcome = engine.train(session)      # fit with checkpoints, SIGTERM, NaN rollback (trainer.py)
+    evaluation = engine.evaluate(session, outcome)
+    exported = engine.export(session, outcome)
+    metrics = engine.report(session, outcome, evaluation, exported)
+
+`tpukit.runner.run` composes these; a second engine (Keras on JAX) provides the same functions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import logging
+import math
+import os
+import re
+import sys
+import tempfile
+import time
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from tpukit import __version__, data, planner, task
+from tpukit.engines import OutputDirError
+from tpukit.engines.tensorflow import callbacks as callbacks_lib
+from tpukit.engines.tensorflow import checkpoint as checkpoint_lib
+from tpukit.engines.tensorflow import cluster, compat, flops, loop, trainer
+from tpukit.engines.tensorflow import strategy as strategy_lib
+from tpukit.engines.tensorflow.export import export_model, io_device_for
+from tpukit.environment import diagnose
+from tpukit.planner import CheckpointFacts, Hardware, Plan
+from tpukit.planner.steps import auto_steps_per_execution
+from tpukit.recipe import Recipe, RecipeError
+
+logger = logging.getLogger("tpukit")
+
+NAME = "tensorflow"
+
+
+def check_environment() -> None:
+    """TensorFlow and Keras in the tested ranges, Keras on the TensorFlow backend; ImportError with the fix."""
+    compat.check_tensorflow()
+
+
+def _gpu_compute_capability() -> tuple[int, int] | None:
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        return None
+    return tf.config.experimental.get_device_details(gpus[0]).get("compute_capability")
+
+
+def hardware(recipe: Recipe, strategy, output_dir: str) -> Hardware:
+    """Connects (`strategy` defaults to `tpukit.connect(recipe.runtime.tpu)`) and returns what the planner needs."""
+    if strategy is None:
+        try:
+            strategy = strategy_lib.connect(recipe.runtime.tpu)
+        except ValueError as error:  # a malformed $TF_CONFIG
+            raise RecipeError(str(error)) from None
+    kind = strategy_lib.kind_of(strategy)
+    worker = strategy_lib.worker_subdir(strategy)
+    if worker:
+        logger.info(
+            "tpukit: this is multi-worker task %s (not the chief): its outputs go to %s",
+            worker,
+            os.path.join(output_dir, worker),
+        )
+    value = recipe.runtime.steps_per_execution
+    return Hardware(
+        engine=NAME,
+        kind=kind,
+        replicas=strategy.num_replicas_in_sync,
+        input_pipelines=strategy_lib.num_input_pipelines(strategy),
+        worker=worker,
+        io_device=io_device_for(strategy, os.path.join(output_dir, worker or "")),
+        gpu_compute_capability=(
+            _gpu_compute_capability() if kind in ("one_device", "mirrored", "multi_worker") else None
+        ),
+        keras_loop_failure=loop.keras_loop_fails(strategy, 2 if value == "auto" else value),
+        handle=strategy,
+    )
+
+
+def checkpoints(checkpoint_dir: str, checkpoint: str | None) -> CheckpointFacts:
+    """The newest checkpoint's step in `checkpoint_dir`, and whether `checkpoint` (a path) exists."""
+    return CheckpointFacts(
+        newest_step=checkpoint_lib.newest_checkpoint_step(checkpoint_dir),
+        requested_exists=bool(checkpoint) and tf.io.gfile.exists(checkpoint + ".index"),
+    )
+
+
+def _compiled(recipe: Recipe, strategy, total_steps: int, jit: bool, steps_per_execution: int):
+    with strategy.scope():
+        return task.build_model(recipe, total_steps, jit, steps_per_execution)
+
+
+def _probe_steps_per_execution(
+    recipe: Recipe, strategy, make_dataset, steps_per_epoch: int, jit: bool, start_step: int
+) -> int:
+    """Times a few steps of a throwaway copy of the model (one step per call) and returns `loop.auto_...`'s pick.
+
+    The pick also divides the steps left in an interrupted epoch, so a resumed run keeps whole executions.
+    """
+
+
+    class Timer(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.times = []
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.times.append(time.perf_counter())
+
+    probe_steps = min(steps_per_epoch, 8)
+    model = _compiled(recipe, strategy, steps_per_epoch, jit, 1)
+    timer = Timer()
+    model.fit(
+        make_dataset(0),
+        epochs=1,
+        steps_per_epoch=probe_steps,
+        verbose=0,
+        callbacks=[timer],
+        shuffle=False,
+    )
+    gaps = sorted(
+        b - a for a, b in itertools.pairwise(timer.times)
+    )  # the first call (compilation) is left out
+    seconds = gaps[len(gaps) // 2] if gaps else max(timer.times[-1] - timer.times[0], 1e-6)
+    left = steps_per_epoch - start_step % steps_per_epoch
+    chosen = auto_steps_per_execution(
+        max(seconds, 1e-6),
+        math.gcd(steps_per_epoch, left),
+        recipe.runtime.steps_per_execution_target_seconds,
+    )
+    logger.info(
+        "tpukit: steps_per_execution auto -> %d (one step took %.2f ms; target %.2f s per call; %d steps per epoch)",
+        chosen,
+        seconds * 1e3,
+        recipe.runtime.steps_per_execution_target_seconds,
+        steps_per_epoch,
+    )
+    return chosen
+
+
+def _verbose(setting) -> int:
+    """Keras' progress bar redraws with \\r and colour codes even into a pipe; logs get one line per epoch."""
+    if setting == "auto":
+        return 1 if sys.stdout.isatty() or "ipykernel" in sys.modules else 2
+    return setting
+
+
+def _callbacks(
+    recipe: Recipe,
+    output_dir: str,
+    throughput,
+    steps_per_execution: int,
+    remote_io: bool,
+    state,
+    chief: bool = True,
+):
+
+    result = [callbacks_lib.ExactValidationLoss(), throughput]
+    if not chief:
+        pass  # only the chief writes summaries and best.keras (every worker writes its checkpoints)
+    elif remote_io:
+        # Summary writers are eager ops on the remote TPU host, which cannot reach this machine's disk.
+        logger.warning(
+            "tpukit: remote TPU with a local output dir: TensorBoard logs are off (checkpoints and exports are "
+            "routed through /job:localhost). Fix: use a gs:// --output_dir to get TensorBoard logs."
+        )
+    else:
+        log_dir = os.path.join(output_dir, "logs")
+        profile = 0
+        if recipe.runtime.profile_steps:
+            # Keras' TensorBoard counts host calls (each runs steps_per_execution optimizer steps).
+            first, last = recipe.runtime.profile_steps
+            profile = (
+                math.ceil(first / steps_per_execution),
+                math.ceil(last / steps_per_execution),
+            )
+        result.append(callbacks_lib.TrainingScalars(log_dir, throughput))
+        result.append(callbacks_lib.StepTensorBoard(log_dir, profile_batch=profile))
+    if recipe.train.early_stopping_patience is not None:
+        result.append(
+            callbacks_lib.ResumableEarlyStopping(
+                state,
+                monitor=recipe.train.early_stopping_metric,
+                patience=recipe.train.early_stopping_patience,
+                verbose=1,
+            )
+        )
+    if recipe.train.export_best_by and chief:
+        result.append(
+            callbacks_lib.ResumableModelCheckpoint(
+                state, os.path.join(output_dir, "best.keras"), monitor=recipe.train.export_best_by
+            )
+        )
+    return result
+
+
+@dataclasses.dataclass
+class Session:
+    """What `build` made from a plan: the compiled model, its checkpointer and the numbers the report needs."""
+
+    plan: Plan
+    model: Any
+    checkpointer: Any
+    start_step: int
+    flops_per_example: float | None
+    peak_flops: float | None
+    peak_source: str
+    throughput: Any
+
+
+@contextlib.contextmanager
+def dtype_policy(name: str):
+    """Sets Keras' global dtype policy for a run and restores the caller's when it ends."""
+
+    previous = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy(name)
+    try:
+        yield
+    finally:
+        keras.mixed_precision.set_global_policy(previous)
+
+
+def _train_dataset(the_plan: Plan):
+
+    train_fn, _ = task.input_fns(the_plan.recipe, the_plan.eval_examples, the_plan.steps_per_epoch)
+
+    def make(position):
+        # Each epoch's order depends only on (seed, epoch): a resume reads just the batches already trained in its
+        # epoch (`data.training_batches`), and with data.deterministic sees exactly an uninterrupted run's data.
+        return data.distribute(the_plan.strategy, lambda ctx: train_fn(ctx, skip_steps=position))
+
+    return make
+
+
+def _eval_dataset(the_plan: Plan):
+
+    _, eval_fn = task.input_fns(the_plan.recipe, the_plan.eval_examples, the_plan.steps_per_epoch)
+    # A finite dataset read with `steps=plan.eval_steps`: Keras makes a new iterator for every evaluation, and its
+    # loop ends the last execution where the data ends, so an evaluation is one exact pass at any
+    # steps_per_execution (tests/test_recovery.py counts the examples against the exported model).
+    return lambda: data.distribute(the_plan.strategy, eval_fn)
+
+
+def _resolve_steps_per_execution(the_plan: Plan) -> Plan:
+    """The plan with `steps_per_execution: auto` decided by a probe on a throwaway model (unchanged otherwise)."""
+    if the_plan.steps_per_execution != "auto":
+        return the_plan
+    recipe = the_plan.recipe
+    try:
+        chosen = _probe_steps_per_execution(
+            recipe,
+            the_plan.strategy,
+            _train_dataset(the_plan),
+            the_plan.steps_per_epoch,
+            the_plan.jit_compile,
+            the_plan.resume_step,
+        )
+    except ValueError as error:  # builder or optimizer arguments that do not fit together
+        raise RecipeError(f"{recipe.path}: {error}") from None
+    return the_plan.resolved(chosen)
+
+
+def _restore(the_plan: Plan, checkpointer) -> int:
+    """Restores the newest readable checkpoint (on a cluster: the one every worker has); returns its step."""
+
+    try:
+        with the_plan.strategy.scope():
+            step = checkpointer.restore(the_plan.checkpoint if the_plan.mode == "eval" else None)
+            agreed = (
+                cluster.agree_resume_step(the_plan.strategy, step) if the_plan.training else step
+            )
+            if agreed != step and not agreed:
+                raise RecipeError(
+                    f"another worker has no checkpoint while this one resumes at step {step} "
+                    f"({the_plan.checkpoint_dir}). Fix: give every worker the same checkpoints (a shared file "
+                    "system), or delete every worker's checkpoints to start over."
+                )
+            if agreed != step:
+                step = checkpointer.restore(os.path.join(the_plan.checkpoint_dir, f"ckpt-{agreed}"))
+    except (checkpoint_lib.CheckpointMismatchError, checkpoint_lib.CheckpointCorruptError) as error:
+        raise RecipeError(str(error)) from None
+    if (
+        the_plan.training and step != the_plan.resume_step
+    ):  # fell back past a damaged newest checkpoint
+        planner.check_resume(
+            the_plan.recipe,
+            the_plan.steps_per_epoch,
+            the_plan.total_steps,
+            the_plan.steps_per_execution,
+            step,
+        )
+    return step
+
+
+def _check_model_fits_data(the_plan: Plan, model) -> None:
+    """The model's declared inputs take the pipeline's features (per example), before anything is written."""
+
+    if not getattr(model, "inputs", None):
+        return  # a subclassed model declares no inputs; Keras reports a mismatch at the first step
+    train_fn, _ = task.input_fns(the_plan.recipe, the_plan.eval_examples)
+    features = train_fn(None).element_spec[0]
+    specs, inputs = tf.nest.flatten(features), model.inputs
+    if len(specs) != len(inputs):
+        raise RecipeError(
+            f"{the_plan.recipe.path}: model {the_plan.recipe.model.name!r} takes {len(inputs)} input(s) but "
+            f"data.source={the_plan.recipe.data.source!r} gives {len(specs)} feature tensor(s). Fix: make them match."
+        )
+    for spec, tensor in zip(specs, inputs, strict=True):
+        data_shape, model_shape = tuple(spec.shape[1:]), tuple(tensor.shape[1:])
+        if len(data_shape) != len(model_shape) or any(
+            m is not None and d is not None and m != d
+            for d, m in zip(data_shape, model_shape, strict=True)
+        ):
+            raise RecipeError(
+                f"{the_plan.recipe.path}: the model takes examples of shape {list(model_shape)} but "
+                f"data.source={the_plan.recipe.data.source!r} gives {list(data_shape)}. Fix: set the model's input "
+                f"shape to the data's (e.g. --set model.input_shape={list(data_shape)}) or change the data options."
+            )
+
+
+def build(the_plan: Plan) -> Session:
+    """Resolves `steps_per_execution: auto` (a probe on a throwaway model), then seeds, builds and compiles the model
+    under the plan's strategy, and restores the newest readable checkpoint. Call it under `dtype_policy`."""
+
+
+    recipe = the_plan.recipe
+    cluster.check_same_recipe(the_plan.strategy, recipe, __version__)
+    # Before seeding, so the model trained below is initialized exactly as with a fixed value.
+    the_plan = _resolve_steps_per_execution(the_plan)
+    keras.utils.set_random_seed(recipe.train.seed)
+    try:
+        model = _compiled(
+            recipe,
+            the_plan.strategy,
+            the_plan.total_steps,
+            the_plan.jit_compile,
+            the_plan.steps_per_execution,
+        )
+    except ValueError as error:  # builder or optimizer arguments that do not fit together
+        raise RecipeError(f"{recipe.path}: {error}") from None
+    _check_model_fits_data(the_plan, model)
+    # Keras 3.15's own train function fails with steps_per_execution > 1 on 2+ Mirrored replicas
+    # (keras-team/keras#19246) and on every MultiWorkerMirroredStrategy; see loop.py.
+    loop.use_multi_step_loop(model, recipe.runtime.loop)
+    checkpointer = checkpoint_lib.Checkpointer(
+        the_plan.checkpoint_dir,
+        model,
+        model.optimizer,
+        recipe.runtime.max_checkpoints_to_keep,
+        options=checkpoint_lib.io_options(the_plan.io_device),
+    )
+    start_step = _restore(the_plan, checkpointer)
+    peak_flops, peak_source = (None, "")
+    if the_plan.training:
+        peak_flops, peak_source = flops.device_peak_flops(
+            the_plan.strategy_kind, None, the_plan.replicas, precision=the_plan.precision
+        )
+        logger.info("tpukit: %s", peak_source)
+    return Session(
+        the_plan,
+        model,
+        checkpointer,
+        start_step,
+        flops.model_flops_per_example(model),
+        peak_flops,
+        peak_source,
+        callbacks_lib.Throughput(recipe.data.global_batch_size),
+    )
+
+
+def train(session: Session, callbacks: list | None = None):
+    """Trains from `session.start_step` to the plan's last step (see `tpukit.engines.tensorflow.trainer.fit_with_recovery`)."""
+
+    the_plan, recipe = session.plan, session.plan.recipe
+    if not the_plan.training:
+        return trainer.Outcome("done", {}, 0)
+    if session.start_step >= the_plan.total_steps:
+        logger.info(
+            "tpukit: all %d epochs are done already (step %d)",
+            recipe.train.epochs,
+            session.start_step,
+        )
+    started = time.time()
+    outcome = trainer.fit_with_recovery(
+        session.model,
+        _train_dataset(the_plan),
+        checkpointer=session.checkpointer,
+        steps_per_epoch=the_plan.steps_per_epoch,
+        epochs=recipe.train.epochs,
+        callbacks=_callbacks(
+            recipe,
+            the_plan.output_dir,
+            session.throughput,
+            the_plan.steps_per_execution,
+            the_plan.io_device is not None,
+            session.checkpointer.state,
+            chief=the_plan.chief,
+        )
+        + list(callbacks or []),
+        checkpoint_every_steps=recipe.runtime.checkpoint_every_steps,
+        checkpoint_max_overhead=recipe.runtime.checkpoint_max_overhead,
+        max_nan_retries=recipe.train.max_nan_retries,
+        validation_data=_eval_dataset(the_plan) if the_plan.evaluating else None,
+        validation_steps=the_plan.eval_steps,
+        validation_freq=recipe.train.eval_every_epochs,
+        verbose=_verbose(recipe.runtime.verbose),
+    )
+    if session.checkpointer.step > session.start_step:
+        logger.info(
+            "tpukit: trained steps %d..%d in %.1fs (%s)",
+            session.start_step,
+            session.checkpointer.step,
+            time.time() - started,
+            outcome.status,
+        )
+    return outcome
+
+
+def evaluate(session: Session, outcome) -> dict[str, float]:
+    """One exact pass over the eval split (the last batch completed with zero-weight examples); {} without
+    evaluation."""
+    the_plan = session.plan
+    if not the_plan.evaluating or outcome.status == "preempted":
+        return {}
+
+    results = session.model.evaluate(
+        _eval_dataset(the_plan)(),
+        steps=the_plan.eval_steps,
+        return_dict=True,
+        verbose=_verbose(the_plan.recipe.runtime.verbose),
+        callbacks=[callbacks_lib.ExactValidationLoss()],  # the printed `loss` over the real examples
+    )
+    # The returned dict too (Keras' CallbackList hands callbacks a copy of the logs).
+    return callbacks_lib.with_aliases({k: float(v) for k, v in results.items()})
+
+
+def export(session: Session, outcome) -> dict[str, str]:
+    """`model.keras` and the SavedModel `serve` endpoint (see `tpukit.export`); {} in eval mode or when preempted."""
+
+    if not session.plan.training or outcome.status == "preempted":
+        return {}
+    if not session.plan.chief:
+        # Every worker takes part (SavedModel saving may read distributed variables collectively, as in TF's
+        # multi-worker guide); only the chief keeps the files.
+        with tempfile.TemporaryDirectory(prefix="tpukit-export-") as scratch:
+            export_model(session.model, scratch, io_device=session.plan.io_device)
+        return {}
+    return export_model(session.model, session.plan.output_dir, io_device=session.plan.io_device)
+
+
+def report(session: Session, outcome, evaluation: dict, exported: dict) -> dict:
+    """The run's metrics (the runner writes them to `metrics.json`, or `eval_metrics.json` in eval mode)."""
+
+    the_plan, recipe, throughput = session.plan, session.plan.recipe, session.throughput
+    step = session.checkpointer.step
+    metrics = {
+        "recipe": recipe.path,
+        "mode": the_plan.mode,
+        "status": outcome.status,
+        "strategy": type(the_plan.strategy).__name__,
+        "replicas": the_plan.replicas,
+        "precision": the_plan.precision,
+        "jit_compile": the_plan.jit_compile,
+        "steps_per_execution": the_plan.steps_per_execution,
+        "global_batch_size": the_plan.global_batch_size,
+        "steps_per_epoch": the_plan.steps_per_epoch,
+        "step": step,
+        "resumed_from_step": session.start_step,
+        "nan_rollbacks": outcome.nan_rollbacks,
+        # Data skipped after NaN rollbacks (the window from the restored checkpoint to the step that diverged).
+        "nan_skipped_examples": outcome.skipped_steps * the_plan.global_batch_size,
+        "train": {k: v[-1] for k, v in outcome.history.items() if not k.startswith("val_")},
+        "validation": {k: v[-1] for k, v in outcome.history.items() if k.startswith("val_")},
+        "eval": evaluation,
+        "eval_examples": (
+            the_plan.corrupt[recipe.data.eval_split].examples(the_plan.eval_examples)
+            if recipe.data.eval_split in the_plan.corrupt
+            else the_plan.eval_examples
+        ),
+        "skipped_corrupt": {split: report.to_json() for split, report in the_plan.corrupt.items()},
+        "examples_per_second": throughput.examples_per_second,
+        "steps_per_second": throughput.steps_per_second,
+        "time_to_first_step_seconds": throughput.time_to_first_step,
+        "flops_per_example": session.flops_per_example,
+        "peak_flops": session.peak_flops,
+        "peak_flops_dtype": flops.peak_dtype(the_plan.precision, the_plan.strategy_kind),
+        "peak_flops_source": session.peak_source,
+        "mfu": flops.mfu(
+            session.flops_per_example, throughput.examples_per_second, session.peak_flops
+        ),
+        "exported": exported,
+    }
+    return metrics
+
+
+
+
+_OUTPUT_FAILURES = (
+    "No space left on device",
+    "Read-only file system",
+    "Permission denied",
+    "Disk quota exceeded",
+)
+
+
+def _output_failure(the_plan: Plan, error: BaseException) -> OutputDirError | None:
+    text = f"{error}"
+    reason = next((r for r in _OUTPUT_FAILURES if r in text), None)
+    if reason is None:
+        return None
+    step = checkpoint_lib.newest_checkpoint_step(the_plan.checkpoint_dir)
+    return OutputDirError(
+        f"cannot write to {the_plan.output_dir}: {reason} ({type(error).__name__}: {text.splitlines()[0][:200]}). "
+        f"The checkpoints written before are kept (newest: step {step}). Fix: free space or make the directory "
+        "writable (or pass another --output_dir holding a copy of it), then run the same command to resume."
+    )
+
+
+def _label_range(the_plan: Plan, error: BaseException) -> RecipeError | None:
+    """Keras' 'label value outside the valid range' (more classes in the data than the model has) as a RecipeError."""
+
+    found = re.search(
+        r"Received a label value of (-?\d+) which is outside the valid range of \[0, (\d+)\)",
+        str(error),
+    )
+    if not found:
+        return None
+    label, classes = int(found.group(1)), int(found.group(2))
+    return RecipeError(
+        f"{the_plan.recipe.path}: data.source={the_plan.recipe.data.source!r} has label {label}, but model "
+        f"{the_plan.recipe.model.name!r} outputs {classes} classes. Fix: set the model's class count above the "
+        f"largest label (e.g. --set model.num_classes={label + 1}) or check the labels."
+    )
+
+
+@contextlib.contextmanager
+def explained(the_plan: Plan):
+    """Errors met while building, training and evaluating: a corrupt record becomes a RecipeError naming the file
+    and record (checkpoints stay as they are); a known environment error gets its cause and fix attached."""
+
+    try:
+        yield
+    except Exception as error:
+        failure = _recipe_or_output_failure(the_plan, error)
+        if failure is not None:
+            raise failure from None
+        diagnose.annotate(error)
+        raise
+
+
+def _recipe_or_output_failure(the_plan: Plan, error: BaseException) -> Exception | None:
+    """The tpukit error that `error` means, or None: a corrupt record or a label beyond the model's classes
+    (RecipeError), or an output directory that stopped taking writes (OutputDirError)."""
+
+
+    if isinstance(error, tf.errors.OpError):
+        config = the_plan.recipe.data
+        splits = [s for s in (config.train_split, config.eval_split) if s]
+        corrupt = data.explain_data_error(error, config.source, splits, config.options)
+        if corrupt is not None:
+            return RecipeError(f"{the_plan.recipe.path}: data: {corrupt}")
+        return _output_failure(the_plan, error) or _label_range(the_plan, error)
+    if isinstance(error, OSError):
+        return _output_failure(the_plan, error)
+    return None
+

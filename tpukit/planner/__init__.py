@@ -1,0 +1,355 @@
+"""The plan: every decision of a run, validated, with nothing built or written. Pure: no TensorFlow, no Keras.
+
+`decide(recipe, hardware, data, checkpoints, mode, output_dir, checkpoint)` turns a recipe and the facts an engine
+and the data found (`Hardware`, `DataFacts`, `CheckpointFacts`) into a frozen, printable `Plan`: the strategy kind
+and replicas, global and per-replica batches, steps per epoch and eval steps, `steps_per_execution`, precision and
+XLA with their reasons, the paths and the step a run resumes at. Every `RecipeError` a run can raise about the
+recipe, the hardware or the output directory is raised here, before the slow work (Model Garden validates and
+locks its params before `run_experiment`; this is tpukit's version). `tpukit.plan` (`tpukit.runner.make_plan`)
+gathers the facts and calls `decide`; the engine reads only the `Plan`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import re
+from typing import Any
+
+from tpukit.planner import hardware as hardware_choices
+from tpukit.planner import steps as steps_lib
+from tpukit.planner.rules import Target, input_paths_rule
+from tpukit.recipe import Recipe, RecipeError
+
+logger = logging.getLogger("tpukit")
+
+MODES = ("train_and_eval", "train", "eval")
+
+
+@dataclasses.dataclass(frozen=True)
+class Hardware:
+    """What an engine found on this machine: everything the planner needs to know about it."""
+
+    engine: str  # the engine that found it ("tensorflow")
+    kind: str  # "tpu", "multi_worker", "mirrored", "one_device" or "default"
+    replicas: int
+    input_pipelines: int  # hosts that each run an input pipeline
+    worker: str | None = None  # a non-chief multi-worker task ("worker1"): its outputs go under output_dir/worker1
+    io_device: str | None = None  # remote TPU + local output dir: file I/O through this device
+    gpu_compute_capability: tuple[int, int] | None = None
+    keras_loop_failure: str | None = None  # why Keras' own train loop fails here at the recipe's steps_per_execution
+    handle: Any = dataclasses.field(default=None, repr=False, compare=False)  # the engine's strategy object
+
+
+@dataclasses.dataclass(frozen=True)
+class DataFacts:
+    """What the recipe's data source holds (counted by `tpukit.task.count_data`)."""
+
+    train_examples: int
+    eval_examples: int = 0
+    # data.skip_corrupt: {split: tpukit.data.CorruptReport} of the records the pipeline will drop
+    corrupt: dict = dataclasses.field(default_factory=dict, compare=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointFacts:
+    """What the output directory holds: the newest checkpoint's step (0: none) and whether `--checkpoint` exists."""
+
+    newest_step: int = 0
+    requested_exists: bool = False
+
+
+
+def eval_batch_size(recipe: Recipe) -> int:
+    return recipe.data.eval_global_batch_size or recipe.data.global_batch_size
+
+
+def check_batch_sizes(recipe: Recipe, replicas: int, train_examples: int) -> int:
+    """Validates the global batch sizes against the replica count and dataset; returns steps per epoch."""
+    for key, value in (
+        ("global_batch_size", recipe.data.global_batch_size),
+        ("eval_global_batch_size", eval_batch_size(recipe)),
+    ):
+        if value % replicas:
+            lower = max(replicas, value // replicas * replicas)
+            raise RecipeError(
+                f"{recipe.path}: data.{key}={value} does not divide by the {replicas} replicas of this strategy. "
+                f"Fix: use a multiple of {replicas}, e.g. --set data.{key}={lower}."
+            )
+    if recipe.train.steps_per_epoch:
+        return recipe.train.steps_per_epoch
+    steps = train_examples // recipe.data.global_batch_size
+    if steps < 1:
+        raise RecipeError(
+            f"{recipe.path}: data.global_batch_size={recipe.data.global_batch_size} is larger than the "
+            f"{train_examples} examples of split {recipe.data.train_split!r}, so an epoch has no full batch. "
+            f"Fix: use a global batch of at most {train_examples}, or set train.steps_per_epoch."
+        )
+    return steps
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Every decision of one run. Build it with `plan(...)`; `describe()` is the log block."""
+
+    recipe: Recipe
+    mode: str
+    strategy: Any = dataclasses.field(repr=False, compare=False)
+    strategy_kind: str
+    replicas: int
+    input_pipelines: int
+    global_batch_size: int
+    per_replica_batch_size: int
+    eval_global_batch_size: int
+    train_examples: int
+    eval_examples: int
+    steps_per_epoch: int
+    total_steps: int
+    steps_per_execution: (
+        int | str
+    )  # "auto": decided by `runner.build`'s probe, then `resolved(...)`
+    eval_steps: int | None  # global steps of one pass over the eval split; None without evaluation
+    precision: str
+    precision_reason: str
+    jit_compile: bool
+    jit_compile_reason: str
+    output_dir: str
+    checkpoint_dir: str
+    checkpoint: str | None  # mode eval: the checkpoint to evaluate (None: the newest)
+    resume_step: int  # from the newest checkpoint's name; 0 for a new run
+    io_device: str | None  # remote TPU + local output dir: file I/O through this device
+    worker: str | None = (
+        None  # a non-chief multi-worker task ("worker1"): checkpoints only, under output_dir
+    )
+    # data.skip_corrupt: {split: tpukit.data.CorruptReport} of the records the pipeline will drop
+    corrupt: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    engine: str = "tensorflow"
+
+    @property
+    def evaluating(self) -> bool:
+        return self.eval_steps is not None
+
+    @property
+    def chief(self) -> bool:
+        """The task that writes summaries, the model, best.keras and metrics.json (every task writes checkpoints)."""
+        return self.worker is None
+
+    @property
+    def training(self) -> bool:
+        return self.mode != "eval"
+
+    def resolved(self, steps_per_execution: int) -> Plan:
+        """This plan with `steps_per_execution` fixed (after the auto probe)."""
+        return dataclasses.replace(self, steps_per_execution=steps_per_execution)
+
+    def describe(self) -> str:
+        """The plan as the block the CLI logs once."""
+        lines = [
+            f"recipe {self.recipe.path}, mode {self.mode}, engine {self.engine}",
+            f"strategy {self.strategy_kind}: {self.replicas} replica(s), {self.input_pipelines} input pipeline(s)",
+            f"global batch {self.global_batch_size} = {self.replicas} replica(s) x {self.per_replica_batch_size} "
+            f"per replica; eval global batch {self.eval_global_batch_size}",
+            f"{self.steps_per_epoch} steps per epoch over {self.train_examples} examples, {self.total_steps} steps in all; "
+            + (
+                f"{self.eval_steps} eval steps over {self.eval_examples} examples"
+                if self.evaluating
+                else "no evaluation"
+            ),
+            f"steps_per_execution {self.steps_per_execution}",
+            f"precision {self.precision} ({self.precision_reason})",
+            f"jit_compile {self.jit_compile} ({self.jit_compile_reason})",
+            f"output {self.output_dir}"
+            + (f", resuming at step {self.resume_step}" if self.resume_step else "")
+            + (f", evaluating {self.checkpoint}" if self.checkpoint else "")
+            + (f", file I/O through {self.io_device}" if self.io_device else ""),
+        ]
+        return "\n".join(f"tpukit plan: {line}" for line in lines)
+
+
+
+def check_resume(
+    recipe: Recipe, steps_per_epoch: int, total_steps: int, steps_per_execution: int, step: int
+) -> None:
+    """A resumed run must keep whole executions in the epoch it resumes in, or it would overshoot its epochs."""
+    left = steps_per_epoch - step % steps_per_epoch
+    if step < total_steps and left % steps_per_execution:
+        valid = steps_lib.divisors(
+            math.gcd(steps_per_epoch, left)
+        )  # fit the rest of this epoch and every later one
+        raise RecipeError(
+            f"{recipe.path}: runtime.steps_per_execution={steps_per_execution} does not divide the {left} steps left "
+            f"in the epoch this run resumes at (step {step}), so the run would overshoot its epochs. Fix: --set "
+            f"runtime.steps_per_execution=N with N one of {', '.join(map(str, valid))}."
+        )
+
+
+def _check_mode(recipe: Recipe, mode: str, evaluating: bool) -> None:
+    if mode == "eval" and not evaluating:
+        raise RecipeError(
+            f"{recipe.path}: mode eval needs data.eval_split; received null. Fix: set data.eval_split."
+        )
+    watched = [recipe.train.export_best_by]
+    if recipe.train.early_stopping_patience is not None:
+        watched.append(recipe.train.early_stopping_metric)
+    for key in filter(None, watched):
+        if key.startswith("val_") and not evaluating:
+            raise RecipeError(
+                f"{recipe.path}: {key!r} (train.early_stopping_metric / train.export_best_by) is a validation metric, "
+                f"but mode {mode!r} with data.eval_split={recipe.data.eval_split!r} never validates. Fix: use mode "
+                "train_and_eval with an eval_split, or a training metric such as 'loss'."
+            )
+
+
+
+def check_request(recipe: Recipe, mode: str, checkpoint: str | None) -> bool:
+    """The run's mode and flags against the recipe; returns whether the run evaluates. Cheap: call it first."""
+    if mode not in MODES:
+        raise RecipeError(
+            f"mode must be one of {', '.join(MODES)}; received {mode!r}. Fix: pick one of those."
+        )
+    if checkpoint and mode != "eval":
+        raise RecipeError(
+            f"--checkpoint {checkpoint!r} applies to mode eval only; received mode {mode!r}, which resumes from the "
+            "newest checkpoint in the output directory. Fix: drop --checkpoint, or add --mode eval to evaluate it."
+        )
+    evaluating = mode != "train" and recipe.data.eval_split is not None
+    _check_mode(recipe, mode, evaluating)
+    return evaluating
+
+
+def check_checkpoint(mode: str, checkpoint: str | None, checkpoint_dir: str, found: CheckpointFacts) -> None:
+    """`--checkpoint` names an existing checkpoint, and mode eval has something to evaluate."""
+    if checkpoint and not found.requested_exists:
+        raise RecipeError(
+            f"--checkpoint {checkpoint!r}: no such checkpoint (expected {checkpoint}.index). Fix: pass a path like "
+            f"{os.path.join(checkpoint_dir, 'ckpt-1000')}, without the .index/.data suffix."
+        )
+    if mode == "eval" and not checkpoint and not found.newest_step:
+        raise RecipeError(
+            f"mode eval: no checkpoint in {checkpoint_dir}. Fix: train first, or pass the checkpoint path."
+        )
+
+
+def check_input_paths(recipe: Recipe, hardware: Hardware) -> None:
+    """On a TPU whose input runs on other hosts (a multi-host slice, or a remote TPU Node's host), a source that
+    reads local files is a recipe error before training (the rule `python -m tpukit.check` reports)."""
+    remote = hardware.io_device is not None
+    if hardware.kind != "tpu" or not (hardware.input_pipelines > 1 or remote):
+        return
+    per_host = max(hardware.replicas // hardware.input_pipelines, 1)
+    target = Target("this TPU", hardware.replicas, hardware.input_pipelines, per_host, 0.0, remote)
+    rule = input_paths_rule(recipe, target)
+    if rule.status == "fail":
+        raise RecipeError(f"{recipe.path}: {rule.message} Fix: {rule.fix}.")
+
+
+def _check_steps_per_execution(recipe: Recipe, hardware: Hardware, steps_per_epoch: int) -> None:
+    value = recipe.runtime.steps_per_execution
+    if value == "auto" and hardware.kind == "multi_worker":
+        raise RecipeError(
+            f"{recipe.path}: runtime.steps_per_execution=auto is not supported on a multi-worker cluster (each worker "
+            "would time its own steps and could pick a different value). Fix: --set runtime.steps_per_execution=N."
+        )
+    if value != "auto":
+        try:
+            steps_lib.check_steps_per_execution(value, steps_per_epoch)
+        except ValueError as error:
+            raise RecipeError(f"{recipe.path}: runtime.{error}") from None
+    if recipe.runtime.loop == "keras" and hardware.keras_loop_failure:
+        raise RecipeError(
+            f"{recipe.path}: runtime.loop=keras on this strategy: {hardware.keras_loop_failure}. Fix: --set "
+            "runtime.loop=auto (tpukit's loop where Keras' fails) or runtime.loop=tpukit."
+        )
+
+
+def _choose_hardware(recipe: Recipe, hardware: Hardware):
+    """(jit_compile, precision) decisions with their reasons (`tpukit.planner.hardware`)."""
+    try:
+        jit = hardware_choices.choose_jit_compile(
+            recipe.runtime.jit_compile, hardware.kind, hardware.replicas
+        )
+    except ValueError as error:
+        raise RecipeError(f"{recipe.path}: {error}") from None
+    precision = hardware_choices.choose_precision(
+        recipe.runtime.precision, hardware.kind, hardware.gpu_compute_capability
+    )
+    return jit, precision
+
+
+def eval_steps(examples: int, eval_global_batch_size: int, input_pipelines: int) -> int:
+    """Global steps of one pass over `examples`: every pipeline reads its shard in batches of its share of the
+    global batch, the last one completed with zero-weight examples. The same arithmetic as `tpukit.data.eval_steps`
+    (which users call in their own loops; tests/planner/test_plan.py checks they agree), kept here without
+    TensorFlow."""
+    per_pipeline = eval_global_batch_size // input_pipelines
+    return math.ceil(math.ceil(examples / input_pipelines) / per_pipeline)
+
+
+def worker_output_dir(hardware: Hardware, output_dir: str) -> str:
+    """Where this task writes: `output_dir`, or `output_dir/workerN` for a non-chief multi-worker task."""
+    return os.path.join(output_dir, hardware.worker) if hardware.worker else output_dir
+
+
+def decide(
+    recipe: Recipe,
+    hardware: Hardware,
+    data: DataFacts,
+    checkpoints: CheckpointFacts,
+    mode: str = "train_and_eval",
+    output_dir: str = "runs/run",
+    checkpoint: str | None = None,
+) -> Plan:
+    """Every decision of the run, from a validated recipe and the facts found; raises `RecipeError` (the message
+    names the key, the value and the fix) for anything the run would reject. `output_dir` is this task's
+    (`worker_output_dir`)."""
+    evaluating = check_request(recipe, mode, checkpoint)
+    checkpoint_dir = os.path.join(output_dir, "checkpoints")
+    check_checkpoint(mode, checkpoint, checkpoint_dir, checkpoints)
+    check_input_paths(recipe, hardware)
+    steps_per_epoch = check_batch_sizes(recipe, hardware.replicas, data.train_examples)
+    total_steps = steps_per_epoch * recipe.train.epochs
+    _check_steps_per_execution(recipe, hardware, steps_per_epoch)
+    jit, precision = _choose_hardware(recipe, hardware)
+    resume_step = checkpoints.newest_step if mode != "eval" else 0
+    steps_per_execution = recipe.runtime.steps_per_execution
+    if steps_per_execution == "auto" and mode == "eval":
+        steps_per_execution = 1  # nothing trains: no probe (it would build and train a throwaway model)
+    if steps_per_execution != "auto" and mode != "eval":
+        check_resume(recipe, steps_per_epoch, total_steps, steps_per_execution, resume_step)
+    return Plan(
+        recipe=recipe,
+        mode=mode,
+        strategy=hardware.handle,
+        strategy_kind=hardware.kind,
+        replicas=hardware.replicas,
+        input_pipelines=hardware.input_pipelines,
+        global_batch_size=recipe.data.global_batch_size,
+        per_replica_batch_size=recipe.data.global_batch_size // hardware.replicas,
+        eval_global_batch_size=eval_batch_size(recipe),
+        train_examples=data.train_examples,
+        eval_examples=data.eval_examples,
+        steps_per_epoch=steps_per_epoch,
+        total_steps=total_steps,
+        steps_per_execution=steps_per_execution,
+        # One pass, not padded to whole executions: Keras' loop ends an execution early when a finite dataset runs
+        # out (`get_next_as_optional`), so padding batches would only cost time.
+        eval_steps=(
+            eval_steps(data.eval_examples, eval_batch_size(recipe), hardware.input_pipelines)
+            if evaluating
+            else None
+        ),
+        precision=precision.value,
+        precision_reason=precision.reason,
+        jit_compile=jit.value,
+        jit_compile_reason=jit.reason,
+        output_dir=output_dir,
+        checkpoint_dir=checkpoint_dir,
+        checkpoint=checkpoint,
+        resume_step=resume_step,
+        io_device=hardware.io_device,
+        corrupt=data.corrupt,
+        worker=hardware.worker,
+        engine=hardware.engine,
+    )

@@ -1,0 +1,720 @@
+"""`python -m tpukit.check RECIPE [--cores N] [--tpu-type v5e]`: will this recipe train on a TPU? Asked on a CPU.
+
+    python -m tpukit.check mnist_cnn                         # 8 cores of a TPU v5e (the default target)
+    python -m tpukit.check cifar10_resnet --cores 32 --tpu-type v4 --set data.global_batch_size=4096
+    python -m tpukit.check digits_cnn --json                 # one JSON object, for machines
+
+Before any TPU hour is spent, each rule below passes, warns or fails, and a failure says the fix:
+
+* `static_shapes`: the training and eval batches the recipe's pipelines (`tpukit.task.input_fns`) give one core
+  have fully defined shapes (a TPU compiles one program per shape).
+* `batch`: the global batch divides by the cores; the per-core batch is a multiple of 8 (TPU arrays are tiled in
+  8 x 128 chunks: "your batch size should be evenly divisible by 8 or 128", cloud.google.com/tpu/docs/
+  performance-guide); a warning below 128 per core, where the matrix units (128 x 128) are not filled.
+* `input_ops`: no `py_function` / `numpy_function` / `from_generator` in the input graphs (ops `PyFunc`,
+  `EagerPyFunc`, `GeneratorDataset`): they hold Python's lock on the host and cannot run where the graph is
+  shipped to another process (a remote TPU Node's host, the tf.data service).
+* `input_paths`: when the input runs on other hosts (a slice larger than one TPU host, or a TPU given by name or
+  `grpc://` address), every file the source reads is on `gs://`: other hosts cannot see this machine's disk
+  ("File system scheme '[local]' not implemented").
+* `xla_step`: one training step of the recipe's model, compiled with XLA (`jit_compile=True`) on the CPU.
+* `precision_step`: one step in the precision the TPU would use (`runtime.precision: auto` -> `mixed_bfloat16`)
+  gives a finite loss, computes in bfloat16 and keeps float32 variables and float32 logits (as Keras' mixed
+  policy does).
+* `memory`: the per-core training state (float32 weights, gradients and the optimizer's slot variables, counted
+  from the built model and optimizer) fits one core's HBM (else fail), and so does the state plus an estimate of
+  the activations (else warn): the operands and results of every matmul/convolution at the per-core batch
+  (`memory_rule`, `_activation_bytes`). HBM per chip is from Google's Cloud TPU docs (`HBM_BYTES_PER_CHIP`).
+
+XLA on the CPU is a proxy for XLA on the TPU: a few ops compile on the CPU and have no TPU kernel (and the
+other way round), and the memory rule is an estimate. A pass here is not a run on a TPU.
+
+Exit status: 0 when no rule fails (warnings allowed), 1 when one fails, 2 for a bad recipe or flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import sys
+from typing import Any
+
+from tpukit.planner.rules import PATH_SUFFIXES, Rule, Target, input_paths_rule  # noqa: F401
+from tpukit.recipe import Recipe, RecipeError
+
+RULES = (
+    "static_shapes",
+    "batch",
+    "input_ops",
+    "input_paths",
+    "xla_step",
+    "precision_step",
+    "memory",
+)
+PROXY_NOTE = (
+    "XLA on this CPU is a proxy for the TPU: a few ops compile on the CPU and have no TPU kernel, and memory is an "
+    "estimate. A pass here is not a run on a TPU."
+)
+
+# HBM per chip, from Google's Cloud TPU docs (the "HBM capacity" row of each page):
+#   v3: 32 GiB (cloud.google.com/tpu/docs/v3)     v4: 32 GiB (cloud.google.com/tpu/docs/v4)
+#   v5e: 16 GB (cloud.google.com/tpu/docs/v5e)    v5p: 95 GB (cloud.google.com/tpu/docs/v5p)
+#   v6e: 32 GB (cloud.google.com/tpu/docs/v6e)    tpu7x: 192 GiB (docs.cloud.google.com/tpu/docs/tpu7x)
+#   v2: 16 GiB: no current Cloud TPU page has v2; Jouppi et al., "A Domain Specific Supercomputer for Training
+#       Deep Neural Networks" (CACM 2020), give 16 GiB of HBM per TPUv2 chip.
+# GB and GiB are as the pages print them. A chip's HBM is shared by its TensorFlow devices (two on v2/v3).
+HBM_BYTES_PER_CHIP: dict[str, float] = {
+    "v2": 16 * 2**30,
+    "v3": 32 * 2**30,
+    "v4": 32 * 2**30,
+    "v5e": 16e9,
+    "v5p": 95e9,
+    "v6e": 32e9,
+    "tpu7x": 192 * 2**30,
+}
+# Chips behind one TPU host, so a slice with more is multi-host (each host runs its own input pipeline):
+#   v2-8 / v3-8: 4 chips on one host (8 cores); v4-8: 4 chips, 1 host (cloud.google.com/tpu/docs/v4);
+#   v5e and v6e: "Chips per host: 8" (the v5e and v6e pages); v5p: topology 2x2x1 = 4 chips, 1 host
+#   (cloud.google.com/tpu/docs/v5p); tpu7x: 4 chips per VM (docs.cloud.google.com/kubernetes-engine/docs/
+#   concepts/tpu-ironwood). Cores per host = chips x `tpukit.engines.tensorflow.flops.TF_DEVICES_PER_CHIP`.
+CHIPS_PER_HOST: dict[str, int] = {
+    "v2": 4,
+    "v3": 4,
+    "v4": 4,
+    "v5e": 8,
+    "v5p": 4,
+    "v6e": 8,
+    "tpu7x": 4,
+}
+DEFAULT_TPU_TYPE = (
+    "v5e"  # the Colab and Kaggle TPU runtimes' newer chip; HBM-wise the tightest TF-era chip
+)
+MIN_CORE_BATCH = 8  # TPU arrays are tiled 8 x 128 (Cloud TPU performance guide)
+MXU_CORE_BATCH = 128  # fills the 128 x 128 matrix unit
+# Ops that run Python inside a tf.data graph: py_function (EagerPyFunc), numpy_function (PyFunc), from_generator.
+PYTHON_OPS = ("PyFunc", "PyFuncStateless", "EagerPyFunc", "GeneratorDataset")
+# Option names that hold a file, a directory or a glob (the built-in sources' and the usual names of others').
+
+
+def target_for(
+    recipe: Recipe, cores: int = 8, tpu_type: str = DEFAULT_TPU_TYPE, hbm_bytes: float | None = None
+) -> Target:
+    """The `Target` for `cores` TensorFlow devices of `tpu_type`; `hbm_bytes` overrides the HBM per chip."""
+    from tpukit.engines.tensorflow import flops
+
+    if tpu_type not in HBM_BYTES_PER_CHIP:
+        raise RecipeError(
+            f"--tpu-type must be one of {', '.join(HBM_BYTES_PER_CHIP)}; received {tpu_type!r}. Fix: pick the "
+            "generation you will train on (for another chip pass its HBM per chip with --hbm-gib)."
+        )
+    if not isinstance(cores, int) or isinstance(cores, bool) or cores < 1:
+        raise RecipeError(
+            f"--cores must be a positive integer (TPUStrategy replicas, e.g. 8 for a v3-8 or v5e-8); received "
+            f"{cores!r}. Fix: pass --cores 8."
+        )
+    if hbm_bytes is not None and not (hbm_bytes > 0 and math.isfinite(hbm_bytes)):
+        raise RecipeError(
+            f"--hbm-gib must be a positive number; received {hbm_bytes / 2**30!r}. Fix: e.g. --hbm-gib 16."
+        )
+    per_chip = flops.TF_DEVICES_PER_CHIP[tpu_type]
+    per_host = CHIPS_PER_HOST[tpu_type] * per_chip
+    tpu = recipe.runtime.tpu
+    return Target(
+        tpu_type=tpu_type,
+        cores=cores,
+        hosts=math.ceil(cores / per_host),
+        cores_per_host=per_host,
+        hbm_bytes_per_core=(hbm_bytes or HBM_BYTES_PER_CHIP[tpu_type]) / per_chip,
+        remote=bool(tpu) and tpu != "local",
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Rules that need no model.
+
+
+def batch_rule(recipe: Recipe, target: Target, train_examples: int | None) -> Rule:
+    """The global batches divide by the cores; the per-core training batch is a multiple of 8 (>= 128 advised)."""
+    from tpukit.planner import check_batch_sizes, eval_batch_size
+
+    cores = target.cores
+    global_batch = recipe.data.global_batch_size
+    try:
+        # Unknown example count (the data could not be read; see static_shapes): divisibility alone.
+        check_batch_sizes(recipe, cores, global_batch if train_examples is None else train_examples)
+    except RecipeError as error:
+        # A fix that passes this rule whole: a multiple of 8 per core, not just of the core count.
+        step = MIN_CORE_BATCH * cores
+        good = max(step, global_batch // step * step)
+        return Rule(
+            "batch",
+            "fail",
+            str(error),
+            f"--set data.global_batch_size={good} (a multiple of {step})",
+        )
+    per_core = global_batch // cores
+    eval_per_core = eval_batch_size(recipe) // cores
+    shown = f"global batch {global_batch} = {cores} cores x {per_core} per core"
+    if per_core % MIN_CORE_BATCH:
+        good = max(MIN_CORE_BATCH, per_core // MIN_CORE_BATCH * MIN_CORE_BATCH) * cores
+        return Rule(
+            "batch",
+            "fail",
+            f"{shown}: {per_core} is not a multiple of {MIN_CORE_BATCH}, so XLA pads every batch to the next multiple "
+            f"of {MIN_CORE_BATCH} on the TPU (TPU arrays are tiled 8 x 128; Cloud TPU performance guide) and "
+            "computes on padding.",
+            f"--set data.global_batch_size={good} (a multiple of {MIN_CORE_BATCH * cores})",
+        )
+    notes = []
+    if eval_per_core % MIN_CORE_BATCH:
+        notes.append(
+            f"the eval batch per core ({eval_per_core}) is not a multiple of {MIN_CORE_BATCH} (padded by XLA)"
+        )
+    if per_core < MXU_CORE_BATCH:
+        notes.append(
+            f"{per_core} per core is below {MXU_CORE_BATCH}: the 128 x 128 matrix units are partly idle, so "
+            "throughput is lower than the chip allows"
+        )
+    if notes:
+        return Rule(
+            "batch",
+            "warn",
+            f"{shown}; " + "; ".join(notes) + ".",
+            f"if memory allows, --set data.global_batch_size={MXU_CORE_BATCH * cores} (and scale the learning "
+            "rate, e.g. train.reference_batch_size)",
+        )
+    return Rule("batch", "pass", f"{shown}.")
+
+
+def _graph_ops(dataset) -> set[str]:
+    """Every op type in a dataset's graph, the bodies of its functions (map, flat_map, ...) included."""
+    import tensorflow as tf
+
+    serialized = dataset._as_serialized_graph(  # the graph tf.data ships to other processes
+        external_state_policy=tf.data.experimental.ExternalStatePolicy.WARN
+    )
+    graph = tf.compat.v1.GraphDef()
+    graph.ParseFromString(serialized.numpy())
+    ops = {node.op for node in graph.node}
+    for function in graph.library.function:
+        ops.update(node.op for node in function.node_def)
+    return ops
+
+
+def input_ops_rule(datasets: dict[str, Any]) -> Rule:
+    """No Python (`py_function`, `numpy_function`, `from_generator`) in the input graphs."""
+    found = {}
+    for split, dataset in datasets.items():
+        python = sorted(_graph_ops(dataset) & set(PYTHON_OPS))
+        if python:
+            found[split] = python
+    if found:
+        where = "; ".join(f"{split}: {', '.join(ops)}" for split, ops in found.items())
+        return Rule(
+            "input_ops",
+            "fail",
+            f"the input pipeline runs Python ({where}): tf.py_function / numpy_function / from_generator hold "
+            "Python's lock on the host, which then cannot keep a TPU fed, and cannot run where the graph is shipped "
+            "to another process (a remote TPU Node's host, the tf.data service).",
+            "write the preprocessing with TensorFlow ops (tf.io, tf.image, tf.strings) in Dataset.map, or convert "
+            "the data to TFRecord files once and read them with tf.data.TFRecordDataset",
+        )
+    return Rule(
+        "input_ops",
+        "pass",
+        f"no Python ops in the {' and '.join(datasets)} input graph(s) (checked for {', '.join(PYTHON_OPS)}).",
+    )
+
+
+def memory_rule(
+    state_bytes: float,
+    activation_bytes: float,
+    target: Target,
+    params: int,
+    per_core_batch: int,
+    optimizer: str,
+) -> Rule:
+    """Fails when the training state alone exceeds one core's HBM; warns when state + activations might.
+
+    `state_bytes` is counted from the built model and optimizer (float32 weights, float32 gradients and the
+    optimizer's slot variables, all replicated on every core by TPUStrategy); `activation_bytes` is an estimate
+    (`_activation_bytes`). No margin is reserved for XLA's scratch space or the runtime, so a warning means
+    "measure it on the TPU", and a pass close to the limit can still run out of HBM.
+    """
+    hbm = target.hbm_bytes_per_core
+    shown = (
+        f"{params:,} parameters: state {_size(state_bytes)} (weights + gradients + {optimizer} slots, "
+        f"float32) + activations ~{_size(activation_bytes)} at {per_core_batch} per core, vs "
+        f"{_size(hbm)} HBM per {target.tpu_type} core"
+    )
+    if state_bytes > hbm:
+        return Rule(
+            "memory",
+            "fail",
+            f'{shown}: the state alone does not fit ("Ran out of memory in memory space hbm").',
+            "use a chip with more HBM per core (--tpu-type), a smaller model, or an optimizer with fewer slots "
+            "(sgd: one, adam/adamw/lamb: two); data parallelism replicates the whole state on every core",
+        )
+    if state_bytes + activation_bytes > hbm:
+        return Rule(
+            "memory",
+            "warn",
+            f"{shown}: state + the activation estimate exceed HBM, so it may not fit.",
+            f"try it on the TPU, or lower the per-core batch (--set data.global_batch_size="
+            f"{max(MIN_CORE_BATCH, per_core_batch // 2) * target.cores})",
+        )
+    return Rule("memory", "pass", f"{shown}: fits with room to spare.")
+
+
+def _size(num_bytes: float) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if num_bytes >= scale:
+            return f"{num_bytes / scale:.1f} {unit}"
+    return f"{num_bytes:.0f} B"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The check.
+
+
+class _Context:
+    """What several rules share: the target, the example counts, one core's batches and the built models."""
+
+    def __init__(self, recipe: Recipe, target: Target):
+        self.recipe = recipe
+        self.target = target
+        self.counts: dict[str, int] = {}
+        self.data_error: str | None = None
+        self._datasets: dict[tuple[str, str], Any] = {}
+
+    def input_context(self):
+        import tensorflow as tf
+
+        return tf.distribute.InputContext(
+            num_input_pipelines=self.target.hosts,
+            input_pipeline_id=0,
+            num_replicas_in_sync=self.target.cores,
+        )
+
+    def count(self) -> None:
+        from tpukit.task import count_examples
+
+        config = self.recipe.data
+        try:
+            self.counts["train"] = count_examples(self.recipe, config.train_split)
+            if config.eval_split:
+                self.counts["eval"] = count_examples(self.recipe, config.eval_split)
+        except Exception as error:  # noqa: BLE001 - reported by the rules, never raised
+            self.data_error = _first_line(error)
+
+    def datasets(self, policy: str) -> dict[str, Any]:
+        """{"train": ..., "eval": ...} as one core's pipeline gives them under dtype policy `policy`."""
+        from tpukit import task
+        from tpukit.engines.tensorflow import engine
+
+        found = {}
+        for split in ("train", "eval"):
+            key = (split, policy)
+            if key not in self._datasets:
+                if split == "eval" and not self.recipe.data.eval_split:
+                    continue
+                with engine.dtype_policy(policy):
+                    # The pipelines read the global policy for the feature dtype (bfloat16 infeed).
+                    train_fn, eval_fn = task.input_fns(
+                        self.recipe, self.counts.get("eval", 0), self.recipe.train.steps_per_epoch
+                    )
+                    context = self.input_context()
+                    self._datasets[key] = (
+                        train_fn(context) if split == "train" else eval_fn(context)
+                    )
+            found[split] = self._datasets[key]
+        return found
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {(text[0] if text else '')[:400]}"
+
+
+def static_shapes_rule(context: _Context) -> Rule:
+    if context.data_error:
+        return Rule(
+            "static_shapes",
+            "fail",
+            f"the data could not be read, so nothing about it was checked: {context.data_error}",
+            "make data.* point at data this machine can read (a small local copy is enough to check shapes)",
+        )
+    try:
+        datasets = context.datasets("float32")
+    except Exception as error:  # noqa: BLE001
+        return Rule(
+            "static_shapes", "fail", f"building the input pipeline failed: {_first_line(error)}"
+        )
+    dynamic = []
+    shapes = []
+    for split, dataset in datasets.items():
+        import tensorflow as tf
+
+        for spec in tf.nest.flatten(dataset.element_spec):
+            shapes.append(f"{split} {spec.shape}")
+            if not spec.shape.is_fully_defined():
+                dynamic.append(f"{split} {spec.shape}")
+    if dynamic:
+        return Rule(
+            "static_shapes",
+            "fail",
+            f"dynamic dimensions in one core's batches: {', '.join(dynamic)}; a TPU compiles one program per shape "
+            "and needs every dimension known.",
+            "batch with drop_remainder=True and pad or crop features to fixed sizes in the source "
+            "(tpukit.data.training_batches / eval_batches do the batching)",
+        )
+    return Rule("static_shapes", "pass", f"one core's batches are static: {', '.join(shapes)}.")
+
+
+def _first_batch(dataset):
+    batch = next(iter(dataset))
+    return batch[0], batch[1]
+
+
+def xla_step_rule(context: _Context) -> tuple[Rule, Any]:
+    """One `jit_compile=True` train step in float32 on the default (CPU) strategy; returns the rule and model."""
+    import numpy as np
+    import tensorflow as tf
+
+    from tpukit import task
+
+    from tpukit.engines.tensorflow import engine
+
+    recipe = context.recipe
+    try:
+        x, y = _first_batch(context.datasets("float32")["train"])
+    except Exception as error:  # noqa: BLE001
+        return Rule(
+            "xla_step", "skip", f"no training batch to compile for: {_first_line(error)}"
+        ), None
+    try:
+        with engine.dtype_policy("float32"):
+            model = task.build_model(recipe, 10, True, 1)
+            logs = model.train_on_batch(x, y, return_dict=True)
+    except Exception as error:  # noqa: BLE001 - the failure is the finding
+        return Rule(
+            "xla_step",
+            "fail",
+            f"the train step does not compile with XLA on the CPU: {_first_line(error)}",
+            "replace the op XLA names (often a string, py_function or data-dependent-shape op in the model) "
+            "with one XLA supports (tensorflow.org/xla/operation_semantics)",
+        ), None
+    loss = float(logs["loss"])
+    if not np.isfinite(loss):
+        return Rule("xla_step", "fail", f"the XLA-compiled step gave loss {loss}."), model
+    return Rule(
+        "xla_step",
+        "pass",
+        f"one jit_compile=True step at the per-core batch {tuple(x.shape)} compiled and ran on the CPU (loss "
+        f"{loss:.4f}).",
+    ), model
+
+
+def precision_step_rule(context: _Context) -> tuple[Rule, Any, str]:
+    """One step in the TPU's precision: finite loss, the compute dtype, float32 variables and logits."""
+    import numpy as np
+    import tensorflow as tf
+
+    from tpukit import planner as performance
+    from tpukit import task
+    from tpukit.engines.tensorflow import engine
+
+    recipe = context.recipe
+    policy = performance.choose_precision(recipe.runtime.precision, "tpu").value
+    try:
+        x, y = _first_batch(context.datasets(policy)["train"])
+    except Exception as error:  # noqa: BLE001
+        return (
+            Rule("precision_step", "skip", f"no training batch: {_first_line(error)}"),
+            None,
+            policy,
+        )
+    try:
+        with engine.dtype_policy(policy):
+            model = task.build_model(recipe, 10, False, 1)
+            logs = model.train_on_batch(x, y, return_dict=True)
+            logits = tf.nest.flatten(model(x, training=False))
+    except Exception as error:  # noqa: BLE001
+        return (
+            Rule("precision_step", "fail", f"a {policy} train step failed: {_first_line(error)}"),
+            None,
+            policy,
+        )
+    compute = model.dtype_policy.compute_dtype
+    expected_compute = {"mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}.get(
+        policy, "float32"
+    )
+    problems = []
+    loss = float(logs["loss"])
+    if not np.isfinite(loss):
+        problems.append(f"loss {loss}")
+    if compute != expected_compute:
+        problems.append(f"the model computes in {compute}, not {expected_compute}")
+    variables = sorted(
+        {str(v.dtype) for v in model.weights} | {str(v.dtype) for v in model.optimizer.variables}
+    )
+    if variables != ["float32"] and not (
+        # The optimizer's step counter is an int64: not a weight.
+        set(variables) <= {"float32", "int64"}
+    ):
+        problems.append(f"variables in {', '.join(variables)} (Keras keeps them float32)")
+    outputs = sorted({str(t.dtype.name) for t in logits})
+    if outputs != ["float32"]:
+        problems.append(
+            f"logits in {', '.join(outputs)}: a softmax in {outputs[0]} loses precision; end the model "
+            "with a layer of dtype='float32'"
+        )
+    if problems:
+        return (
+            Rule(
+                "precision_step",
+                "fail",
+                f"one {policy} step: " + "; ".join(problems) + ".",
+                "build the model so Keras' mixed policy applies (no hard-coded dtypes in layers) and give the last "
+                "layer dtype='float32'",
+            ),
+            model,
+            policy,
+        )
+    return (
+        Rule(
+            "precision_step",
+            "pass",
+            f"one {policy} step (the TPU's precision): loss {loss:.4f}, computes in {compute}, float32 "
+            f"variables and logits, inputs in {x.dtype.name}.",
+        ),
+        model,
+        policy,
+    )
+
+
+def _activation_bytes(model, per_core_batch: int) -> float:
+    """Estimated activation bytes of one core's training step: the non-weight operands and the results of every
+    matrix op (matmul, convolution, einsum) of the forward pass at `per_core_batch`, each tensor once.
+
+    These are what the backward pass of those ops reads (inputs for the weight gradients, results for the
+    normalization/activation gradients that follow them); elementwise ops are assumed fused into them by XLA, as
+    on a TPU. Traced, not run: nothing is allocated. ResNet-50 at 128 per core in bfloat16 gives 4.8 GiB.
+    """
+    import tensorflow as tf
+
+    from tpukit.engines.tensorflow import flops
+
+    specs = [
+        tf.TensorSpec((per_core_batch, *s.shape[1:]), s.dtype)
+        for s in flops._input_signature(model)
+    ]
+    function = tf.function(lambda *xs: model(xs[0] if len(xs) == 1 else list(xs), training=True))
+    graph = function.get_concrete_function(*specs).graph
+
+    def weight(tensor) -> bool:
+        op = tensor.op
+        while op.type in ("Cast", "Identity") and op.inputs:
+            op = op.inputs[0].op
+        return op.type in ("ReadVariableOp", "Const")
+
+    sizes = {}
+    for op in graph.get_operations():
+        if op.type not in (*flops._MATRIX_OP_TYPES, "Einsum"):
+            continue
+        for tensor in (*op.inputs, *op.outputs):
+            if tensor.dtype.is_floating and tensor.shape.is_fully_defined() and not weight(tensor):
+                sizes[tensor.name] = tensor.shape.num_elements() * tensor.dtype.size
+    return float(sum(sizes.values()))
+
+
+def memory_check(context: _Context, model, policy: str) -> Rule:
+    import tensorflow as tf
+
+    from tpukit import task
+
+    from tpukit.engines.tensorflow import engine
+
+    recipe = context.recipe
+    try:
+        with engine.dtype_policy(policy):
+            if model is None:
+                model = task.build_model(recipe, 10, False, 1)
+            model.optimizer.build(model.trainable_variables)
+            per_core = max(1, recipe.data.global_batch_size // context.target.cores)
+            activations = _activation_bytes(model, per_core)
+    except Exception as error:  # noqa: BLE001
+        return Rule(
+            "memory", "skip", f"the model could not be built or traced: {_first_line(error)}"
+        )
+    weights = sum(_nbytes(v) for v in model.weights)
+    gradients = sum(_nbytes(v) for v in model.trainable_weights)  # float32, like the variables
+    slots = sum(_nbytes(v) for v in model.optimizer.variables if len(v.shape) > 0)
+    return memory_rule(
+        weights + gradients + slots,
+        activations,
+        context.target,
+        int(sum(math.prod(v.shape) for v in model.weights)),
+        per_core,
+        recipe.train.optimizer,
+    )
+
+
+def _nbytes(variable) -> int:
+    import tensorflow as tf
+
+    return math.prod(variable.shape) * tf.as_dtype(variable.dtype).size
+
+
+def check(
+    recipe: Recipe,
+    cores: int = 8,
+    tpu_type: str = DEFAULT_TPU_TYPE,
+    rules: tuple[str, ...] | list[str] | None = None,
+    hbm_bytes: float | None = None,
+) -> list[Rule]:
+    """Runs the rules (default: all of `RULES`) for `cores` cores of `tpu_type`; returns one `Rule` each.
+
+    Raises:
+        RecipeError: the recipe is invalid, or an argument is (unknown rule, TPU type, cores).
+    """
+    from tpukit.engines.tensorflow import compat
+
+    compat.check_tensorflow()
+    recipe.validate()
+    wanted = tuple(rules or RULES)
+    unknown = [r for r in wanted if r not in RULES]
+    if unknown:
+        raise RecipeError(
+            f"unknown rule(s) {', '.join(map(repr, unknown))}; the rules are {', '.join(RULES)}. Fix: --rule NAME "
+            "with one of those."
+        )
+    target = target_for(recipe, cores, tpu_type, hbm_bytes)
+    context = _Context(recipe, target)
+    needs_data = set(wanted) & {"static_shapes", "batch", "input_ops", "xla_step", "precision_step"}
+    if needs_data:
+        context.count()
+    results: dict[str, Rule] = {}
+    model, policy = None, "float32"
+    if "static_shapes" in wanted:
+        results["static_shapes"] = static_shapes_rule(context)
+    if "batch" in wanted:
+        results["batch"] = batch_rule(recipe, target, context.counts.get("train"))
+    if "input_ops" in wanted:
+        if context.data_error:
+            results["input_ops"] = Rule(
+                "input_ops", "skip", f"the data could not be read: {context.data_error}"
+            )
+        else:
+            try:
+                results["input_ops"] = input_ops_rule(context.datasets("float32"))
+            except Exception as error:  # noqa: BLE001
+                results["input_ops"] = Rule(
+                    "input_ops", "skip", f"no input pipeline: {_first_line(error)}"
+                )
+    if "input_paths" in wanted:
+        results["input_paths"] = input_paths_rule(recipe, target)
+    if "xla_step" in wanted:
+        results["xla_step"], _ = xla_step_rule(context)
+    if "precision_step" in wanted:
+        results["precision_step"], model, policy = precision_step_rule(context)
+    if "memory" in wanted:
+        if model is None:
+            from tpukit import planner as performance
+
+            policy = performance.choose_precision(recipe.runtime.precision, "tpu").value
+        results["memory"] = memory_check(context, model, policy)
+    return [results[name] for name in RULES if name in results]
+
+
+def passed(rules: list[Rule]) -> bool:
+    """True when no rule failed (warnings and skips allowed)."""
+    return not any(r.status == "fail" for r in rules)
+
+
+def format_report(recipe: Recipe, target: Target, rules: list[Rule]) -> str:
+    lines = [f"tpukit check: {recipe.path} for {target.describe()}"]
+    for rule in rules:
+        lines.append(f"[{rule.status.upper():4}] {rule.name}: {rule.message}")
+        if rule.fix and rule.status in ("fail", "warn"):
+            lines.append(f"       fix: {rule.fix}")
+    lines.append(PROXY_NOTE)
+    failed = [r.name for r in rules if r.status == "fail"]
+    warned = sum(r.status == "warn" for r in rules)
+    lines.append(
+        f"NOT OK: {len(failed)} rule(s) failed ({', '.join(failed)})."
+        if failed
+        else f"OK: no rule failed ({warned} warning(s))."
+    )
+    return "\n".join(lines)
+
+
+def to_json(recipe: Recipe, target: Target, rules: list[Rule]) -> dict:
+    return {
+        "ok": passed(rules),
+        "recipe": recipe.path,
+        "target": dataclasses.asdict(target),
+        "rules": [dataclasses.asdict(r) for r in rules],
+        "note": PROXY_NOTE,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tpukit.check", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("recipe", help="a recipe YAML file or the name of a packaged recipe")
+    parser.add_argument(
+        "--cores", type=int, default=8, help="TPU cores (TPUStrategy replicas); default 8"
+    )
+    parser.add_argument(
+        "--tpu-type",
+        default=DEFAULT_TPU_TYPE,
+        help=f"TPU generation: {', '.join(HBM_BYTES_PER_CHIP)} (default {DEFAULT_TPU_TYPE})",
+    )
+    parser.add_argument(
+        "--hbm-gib", type=float, default=None, help="HBM per chip in GiB (another chip)"
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a recipe key (repeatable)",
+    )
+    parser.add_argument(
+        "--rule",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help=f"run only these rules (repeatable): {', '.join(RULES)}",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+    os.environ.setdefault(
+        "TF_CPP_MIN_LOG_LEVEL", "2"
+    )  # TensorFlow's C++ INFO lines would bury the report
+    from tpukit.logs import enable_logging
+    from tpukit.recipe import load_recipe
+
+    enable_logging()
+    try:
+        recipe = load_recipe(args.recipe, args.set)
+        hbm = args.hbm_gib * 2**30 if args.hbm_gib is not None else None
+        target = target_for(recipe, args.cores, args.tpu_type, hbm)
+        rules = check(recipe, args.cores, args.tpu_type, args.rule or None, hbm)
+    except RecipeError as error:
+        print(f"tpukit: error: {error}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(to_json(recipe, target, rules), indent=2))
+    else:
+        print(format_report(recipe, target, rules))
+    return 0 if passed(rules) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,647 @@
+"""`python -m tpukit.doctor`: can this environment train, and if not, the exact command that fixes it.
+
+    python -m tpukit.doctor              # human report; exit 0 when this environment can train
+    python -m tpukit.doctor --json       # the same as one JSON object, for machines
+    python -m tpukit.doctor --tpu=local  # connect to this TPU the way tpukit.connect(tpu=...) would
+
+Four steps, each an importable function tested against faked environments (tests/test_doctor.py):
+
+1. `detect_runtime`: Colab / Kaggle / Cloud TPU VM / GKE, a pod slice (several TPU hosts), a remote TPU Node,
+   GPU or CPU, from environment variables, device files and PCI ids; nothing is initialized.
+2. `check_versions`: tensorflow / tensorflow-tpu / libtpu / keras / jax / TFDS metadata, read with
+   importlib.metadata (no import), against `tpukit.versions`; a bad combination gets the exact install command
+   and "then restart the runtime".
+3. `check_accelerator`: connects the way `tpukit.connect` does (tpu="local" on TPU VMs, $TPU_NAME,
+   $COLAB_TPU_ADDR) and reports the strategy, replica count and TPU topology; a failure carries the cause and fix
+   from `tpukit.diagnose`.
+4. `main`: prints the report and exits 0 when nothing failed, 1 otherwise (2 for bad flags).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.metadata
+import importlib.util
+import json
+import math
+import os
+import sys
+
+from tpukit.engines.tensorflow import compat, strategy
+from tpukit.environment import diagnose, versions
+
+RESTART = "then restart the runtime (Colab/Kaggle: Runtime > Restart session)"
+DISTRIBUTIONS = (
+    "tensorflow",
+    "tensorflow-cpu",
+    "tensorflow-tpu",
+    "libtpu",
+    "keras",
+    "jax",
+    "jaxlib",
+    "tensorflow-datasets",
+    "tensorflow-metadata",
+    "protobuf",
+)
+
+
+@dataclasses.dataclass
+class Finding:
+    """One line of the report: `level` is "ok", "warn" (can train, but read this) or "fail" (cannot train)."""
+
+    level: str
+    topic: str
+    message: str
+    fix: str | None = None
+
+
+@dataclasses.dataclass
+class Runtime:
+    """Where this process runs, judged without initializing anything."""
+
+    platform: str  # "colab", "kaggle", "gke", "cloud_tpu_vm" or "other"
+    accelerator: str  # "tpu_vm", "tpu_node", "gpu" or "cpu"
+    pod_slice: bool = False
+    hosts: int = 1
+    worker_id: str | None = None
+    accelerator_type: str | None = None
+    tpu: str | None = None  # what tpukit.connect would pass to TPUClusterResolver
+    evidence: list[str] = dataclasses.field(default_factory=list)
+
+
+def _hosts(env: dict[str, str]) -> int:
+    """TPU hosts in this slice: $TPU_WORKER_HOSTNAMES entries, else the product of $TPU_HOST_BOUNDS, else 1."""
+    names = [h for h in env.get("TPU_WORKER_HOSTNAMES", "").split(",") if h.strip()]
+    if names:
+        return len(names)
+    bounds = env.get("TPU_HOST_BOUNDS", "")
+    try:
+        return math.prod(int(b) for b in bounds.split(",")) if bounds else 1
+    except ValueError:
+        return 1
+
+
+def detect_runtime(
+    env: dict[str, str] | None = None,
+    tpu_device_files: list[str] | None = None,
+    gpu_device_files: list[str] | None = None,
+    colab_module: bool | None = None,
+    kaggle_dir: bool | None = None,
+) -> Runtime:
+    """Detects the platform and accelerator. Every argument defaults to this machine (tests pass fakes)."""
+    env = dict(os.environ) if env is None else env
+    tpu_files = strategy.tpu_device_files() if tpu_device_files is None else tpu_device_files
+    gpu_files = (
+        [p for p in ("/dev/nvidia0", "/dev/dxg") if os.path.exists(p)]
+        if gpu_device_files is None
+        else gpu_device_files
+    )
+    colab = (
+        importlib.util.find_spec("google.colab") is not None
+        if colab_module is None
+        else colab_module
+    )
+    kaggle = os.path.isdir("/kaggle/input") if kaggle_dir is None else kaggle_dir
+    evidence = []
+    if colab or "COLAB_RELEASE_TAG" in env or "COLAB_TPU_1VM" in env:
+        platform = "colab"
+        evidence.append("Colab (google.colab / $COLAB_RELEASE_TAG)")
+    elif kaggle or "KAGGLE_KERNEL_RUN_TYPE" in env or "KAGGLE_URL_BASE" in env:
+        platform = "kaggle"
+        evidence.append("Kaggle ($KAGGLE_KERNEL_RUN_TYPE / /kaggle/input)")
+    elif "KUBERNETES_SERVICE_HOST" in env and env.get("TPU_WORKER_ID") is not None:
+        platform = "gke"
+        evidence.append("GKE ($KUBERNETES_SERVICE_HOST with $TPU_WORKER_ID)")
+    elif tpu_files or env.get("TPU_ACCELERATOR_TYPE"):
+        platform = "cloud_tpu_vm"
+    else:
+        platform = "other"
+    hosts = _hosts(env)
+    runtime = Runtime(
+        platform=platform,
+        accelerator="cpu",
+        hosts=hosts,
+        pod_slice=hosts > 1,
+        worker_id=env.get("TPU_WORKER_ID"),
+        accelerator_type=env.get("TPU_ACCELERATOR_TYPE"),
+        evidence=evidence,
+    )
+    choice = strategy.choose(
+        env=env, tpu_vm=strategy.tpu_vm_environment(env) or bool(tpu_files), gpus=0
+    )
+    if choice.kind == "tpu":
+        remote = choice.tpu.startswith("grpc://") or (choice.tpu != "local" and not tpu_files)
+        runtime.accelerator = "tpu_node" if remote else "tpu_vm"
+        runtime.tpu = choice.tpu
+        evidence.append(choice.reason)
+        if tpu_files:
+            evidence.append(f"TPU device files: {', '.join(tpu_files[:4])}")
+    elif gpu_files:
+        runtime.accelerator = "gpu"
+        evidence.append(f"GPU device files: {', '.join(gpu_files)}")
+    else:
+        evidence.append("no TPU or GPU device files, no TPU environment variables")
+    if runtime.pod_slice:
+        evidence.append(f"pod slice: {hosts} TPU hosts ($TPU_WORKER_HOSTNAMES / $TPU_HOST_BOUNDS)")
+        if runtime.tpu == "local":
+            # A pod slice is trained from every host, through its TPU name (the Cloud TPU API), not tpu="local".
+            runtime.tpu = env.get("TPU_NAME") or None
+    return runtime
+
+
+def installed_versions() -> dict[str, str | None]:
+    """{distribution: version or None} for `DISTRIBUTIONS`, from package metadata (nothing is imported)."""
+    found = {}
+    for name in DISTRIBUTIONS:
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+def _jax_libtpu_pin(requires: list[str] | None) -> str | None:
+    """The libtpu version jax's `tpu` extra pins (e.g. 'libtpu==0.0.21; extra == "tpu"' -> '0.0.21')."""
+    for requirement in requires or []:
+        head = requirement.split(";")[0].replace(" ", "")
+        if head.startswith("libtpu==") and "tpu" in requirement.split(";", 1)[-1]:
+            return head.split("==", 1)[1]
+    return None
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    parts = []
+    for piece in version.split(".")[:3]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts)
+
+
+def check_requirements(dist: str, requires: list[str] | None, version_of) -> list[Finding]:
+    """Warnings for the installed distributions that `dist`'s own requirements (`Requires-Dist`) exclude.
+
+    Catches e.g. protobuf 7 under TensorFlow 2.19 (which requires protobuf < 6): `pip install tpukit` without the
+    extra that names TensorFlow lets pip upgrade protobuf for another package (googleapis-common-protos) and break
+    the TensorFlow it does not see (tensorflow-tpu 2.19.1 still imported with protobuf 7.36 on this repository's CI
+    machine, hence a warning, not a failure). Only unconditional requirements and those whose markers hold count.
+    """
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    findings = []
+    for text in requires or []:
+        try:
+            requirement = Requirement(text)
+        except InvalidRequirement:
+            continue
+        if requirement.marker is not None and not requirement.marker.evaluate({"extra": ""}):
+            continue
+        installed = version_of(requirement.name)
+        if (
+            installed is None
+            or not requirement.specifier
+            or requirement.specifier.contains(installed, prereleases=True)
+        ):
+            continue
+        findings.append(
+            Finding(
+                "warn",
+                requirement.name,
+                f"{dist} requires {requirement.name}{requirement.specifier} but {requirement.name} {installed} is "
+                "installed (another package's install moved it past what TensorFlow declares; an untested "
+                "combination, though TensorFlow may still import).",
+                f'`pip install "{requirement.name}{requirement.specifier}"`, {RESTART}; install tpukit with the extra '
+                "that names your TensorFlow ([tpu] or [tensorflow]) so pip keeps TensorFlow's bounds",
+            )
+        )
+    return findings
+
+
+def _version_or_none(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def check_versions(
+    runtime: Runtime,
+    installed: dict[str, str | None],
+    jax_requires: list[str] | None = None,
+    tf_requires: list[str] | None = None,
+    version_of=None,
+) -> list[Finding]:
+    """Checks the installed distributions against `tpukit.versions` for this runtime.
+
+    Args:
+        runtime: from `detect_runtime`.
+        installed: {distribution: version or None}, see `installed_versions`.
+        jax_requires: jax's `Requires-Dist` lines (its `tpu` extra pins a libtpu).
+        tf_requires: the installed TensorFlow distribution's `Requires-Dist` lines.
+        version_of: `name -> version or None` for any distribution; default: `installed`, then package metadata.
+    """
+    if version_of is None:
+        version_of = lambda name: installed[name] if name in installed else _version_or_none(name)  # noqa: E731
+    findings = _check_tensorflow(runtime, installed)
+    tf_cpu = installed.get("tensorflow") or installed.get("tensorflow-cpu")
+    tf_tpu = installed.get("tensorflow-tpu")
+    tf_dist = (
+        "tensorflow-tpu"
+        if tf_tpu
+        else ("tensorflow" if installed.get("tensorflow") else "tensorflow-cpu")
+    )
+    if tf_cpu or tf_tpu:
+        findings += check_requirements(tf_dist, tf_requires, version_of)
+
+    findings += _check_keras(installed)
+    findings += _check_tfds_metadata(installed)
+    findings += _check_jax(installed, jax_requires)
+    return findings
+
+
+def _tpu_fix() -> str:
+    return f"`{versions.pinned_tpu().install_command()}`, {RESTART}"
+
+
+def _cpu_fix() -> str:
+    low, high = (".".join(map(str, v)) for v in (versions.MIN_TF, versions.MAX_TF_EXCLUSIVE))
+    return f'`pip install "tensorflow>={low},<{high}"`, {RESTART}'
+
+
+def _check_tensorflow(runtime: Runtime, installed: dict[str, str | None]) -> list[Finding]:
+    """The TensorFlow build against this runtime: a TPU build on a TPU VM, the declared range elsewhere."""
+    findings = []
+    tpu_fix = _tpu_fix()
+    cpu_fix = _cpu_fix()
+    tf_cpu = installed.get("tensorflow") or installed.get("tensorflow-cpu")
+    tf_tpu = installed.get("tensorflow-tpu")
+    wants_tpu_build = runtime.accelerator == "tpu_vm"
+
+    if not tf_cpu and not tf_tpu:
+        findings.append(
+            Finding(
+                "fail",
+                "tensorflow",
+                "TensorFlow is not installed.",
+                tpu_fix if wants_tpu_build else cpu_fix,
+            )
+        )
+    elif wants_tpu_build:
+        findings += _check_tpu_build(runtime, installed)
+    else:
+        findings += _check_other_build(runtime, installed)
+    return findings
+
+
+def _check_tpu_build(runtime: Runtime, installed: dict[str, str | None]) -> list[Finding]:
+    """On a TPU VM: the TensorFlow build must be tensorflow-tpu with its libtpu (the pinned row)."""
+    findings = []
+    pinned = versions.pinned_tpu()
+    tpu_fix = _tpu_fix()
+    tf_cpu = installed.get("tensorflow") or installed.get("tensorflow-cpu")
+    tf_tpu = installed.get("tensorflow-tpu")
+    libtpu = installed.get("libtpu")
+    if not tf_tpu:
+        findings.append(
+            Finding(
+                "fail",
+                "tensorflow",
+                f"this is a TPU VM but the installed TensorFlow is the CPU/GPU wheel (tensorflow {tf_cpu}), "
+                "which has no TPU kernels ('No OpKernel was registered to support Op "
+                "ConfigureDistributedTPU').",
+                f"`pip uninstall -y tensorflow tensorflow-cpu` then {tpu_fix}",
+            )
+        )
+    elif tf_cpu:
+        findings.append(
+            Finding(
+                "fail",
+                "tensorflow",
+                f"both tensorflow-tpu {tf_tpu} and the CPU/GPU wheel tensorflow {tf_cpu} are installed; they "
+                "write the same `tensorflow` module, so which one imports depends on the install order.",
+                f"`pip uninstall -y tensorflow tensorflow-cpu tensorflow-tpu` then {tpu_fix}",
+            )
+        )
+    else:
+        row = versions.find("tensorflow-tpu", tf_tpu, libtpu)
+        if row is None:
+            findings.append(
+                Finding(
+                    "fail",
+                    "tensorflow",
+                    f"tensorflow-tpu {tf_tpu} with libtpu {libtpu} is not a combination tpukit knows to work "
+                    f"(tpukit/versions.py; known: "
+                    + ", ".join(
+                        f"{c.tensorflow}+libtpu {c.libtpu}"
+                        for c in versions.COMBINATIONS
+                        if c.is_tpu
+                    )
+                    + ").",
+                    tpu_fix,
+                )
+            )
+        else:
+            level = "ok" if row.pinned else "warn"
+            note = (
+                ""
+                if row.pinned
+                else f" (known from upstream, not the pinned row: {pinned.install_command()})"
+            )
+            findings.append(
+                Finding(
+                    level,
+                    "tensorflow",
+                    f"tensorflow-tpu {tf_tpu} + libtpu {libtpu}: a known row{note}.",
+                )
+            )
+    return findings
+
+
+def _check_other_build(runtime: Runtime, installed: dict[str, str | None]) -> list[Finding]:
+    """Elsewhere: a TensorFlow in the declared range (and the TPU build for a TPU Node)."""
+    findings = []
+    cpu_fix = _cpu_fix()
+    low, high = (".".join(map(str, v)) for v in (versions.MIN_TF, versions.MAX_TF_EXCLUSIVE))
+    tf_cpu = installed.get("tensorflow") or installed.get("tensorflow-cpu")
+    tf_tpu = installed.get("tensorflow-tpu")
+    libtpu = installed.get("libtpu")
+    version = tf_cpu or tf_tpu
+    if not (versions.MIN_TF <= versions.minor(version) < versions.MAX_TF_EXCLUSIVE):
+        findings.append(
+            Finding(
+                "fail",
+                "tensorflow",
+                f"tensorflow {version} is outside tpukit's range [{low}, {high}).",
+                cpu_fix,
+            )
+        )
+    elif (
+        versions.find("tensorflow", version) is None
+        and versions.find("tensorflow-tpu", version, libtpu) is None
+    ):
+        findings.append(
+            Finding(
+                "warn",
+                "tensorflow",
+                f"tensorflow {version} is in range but not a tested row of tpukit/versions.py.",
+            )
+        )
+    else:
+        findings.append(Finding("ok", "tensorflow", f"tensorflow {version}: a tested row."))
+    if runtime.accelerator == "tpu_node" and not tf_tpu:
+        findings.append(
+            Finding(
+                "warn",
+                "tensorflow",
+                "a remote TPU Node is driven over gRPC by this TensorFlow; TPU Nodes "
+                "are Google's legacy architecture (Colab and Kaggle moved to TPU VMs).",
+            )
+        )
+
+    return findings
+
+
+def _check_keras(installed: dict[str, str | None]) -> list[Finding]:
+    findings = []
+    keras_version = installed.get("keras")
+    low, high = (".".join(map(str, v)) for v in compat.KERAS_TESTED)
+    if (
+        not keras_version
+        or not compat.KERAS_TESTED[0] <= _version_tuple(keras_version) < compat.KERAS_TESTED[1]
+    ):
+        findings.append(
+            Finding(
+                "fail",
+                "keras",
+                f"tpukit was tested with Keras >= {low} and < {high} (it patches private Keras internals); "
+                f"installed: {keras_version}.",
+                f'`pip install "keras>={low},<{high}"`, {RESTART}',
+            )
+        )
+    else:
+        findings.append(Finding("ok", "keras", f"keras {keras_version}."))
+
+    return findings
+
+
+def _check_tfds_metadata(installed: dict[str, str | None]) -> list[Finding]:
+    findings = []
+    metadata = installed.get("tensorflow-metadata")
+    protobuf = installed.get("protobuf")
+    if (
+        metadata
+        and protobuf
+        and _version_tuple(metadata) >= (1, 18)
+        and _version_tuple(protobuf) < (6, 31)
+    ):
+        findings.append(
+            Finding(
+                "fail",
+                "tensorflow-datasets",
+                f"tensorflow-metadata {metadata} needs protobuf >= 6.31 but protobuf {protobuf} is installed "
+                "(TensorFlow 2.19 holds it below 6): `import tensorflow_datasets` loses tfds.builder "
+                "(github.com/tensorflow/metadata/issues/68).",
+                f'`pip install "tensorflow-metadata<1.18"`, {RESTART}',
+            )
+        )
+
+    return findings
+
+
+def _check_jax(installed: dict[str, str | None], jax_requires: list[str] | None) -> list[Finding]:
+    findings = []
+    tf_tpu = installed.get("tensorflow-tpu")
+    libtpu = installed.get("libtpu")
+    jax_version = installed.get("jax")
+    if jax_version and tf_tpu:
+        wanted = _jax_libtpu_pin(jax_requires)
+        if wanted and libtpu and wanted != libtpu:
+            findings.append(
+                Finding(
+                    "warn",
+                    "jax",
+                    f"jax {jax_version} expects libtpu {wanted} but tensorflow-tpu installed libtpu {libtpu}: JAX "
+                    "will not find the TPU in this runtime (TensorFlow, and tpukit, still do). "
+                    + diagnose.explain("cloud_tpu_init failed"),
+                )
+            )
+    return findings
+
+
+def _default_connect(tpu: str | None):
+    import tensorflow as tf
+
+    choice = strategy.choose(tpu)
+    built = strategy.build(choice)
+    details = {
+        "strategy": type(built).__name__,
+        "replicas": int(built.num_replicas_in_sync),
+        "reason": choice.reason,
+    }
+    topology = strategy.tpu_topology(choice.tpu) if choice.kind == "tpu" else None
+    if topology is not None:
+        details["topology"] = {
+            "mesh_shape": [int(d) for d in topology.mesh_shape],
+            "num_tasks": int(topology.num_tasks),
+            "num_tpus_per_task": int(topology.num_tpus_per_task),
+        }
+    if strategy.kind_of(built) == "tpu":
+        details["hosts"] = int(built.extended.num_hosts)
+    details["tpu_build"] = strategy.tensorflow_has_tpu_support()
+    details["tensorflow"] = tf.__version__
+    return details
+
+
+def check_accelerator(
+    runtime: Runtime, tpu: str | None = None, connect=_default_connect
+) -> tuple[dict, list[Finding]]:
+    """Connects as `tpukit.connect` would and reports what was found.
+
+    Args:
+        runtime: from `detect_runtime`.
+        tpu: an explicit TPU (name, grpc://host:port or "local"), as `--tpu`; None: as detected.
+        connect: `tpu -> dict` with "strategy", "replicas" and optionally "topology"/"hosts"; raises on failure.
+    """
+    wanted = tpu or runtime.tpu
+    if runtime.pod_slice and not wanted:
+        return {}, [
+            Finding(
+                "fail",
+                "accelerator",
+                f"this is a pod slice of {runtime.hosts} TPU hosts: TensorFlow reaches the slice's hosts through "
+                "the slice's TPU name (TPUClusterResolver), which is not set. (Where to start the program on a "
+                "slice, one host or all, is Google's Cloud TPU pod-slice guide's call; tpukit has not run on one.)",
+                "set $TPU_NAME to the slice's name on every host (or pass --tpu=NAME), and "
+                '`pip install "tpukit[tpu,tpu-name]"` (the Cloud TPU API client)',
+            )
+        ]
+    # The ways that work in practice: the TPU asked for or detected, then, for a TPU by name, the attached TPU ("local":
+    # Colab and Kaggle TPU VMs need it, and a stale $TPU_NAME or $COLAB_TPU_ADDR is a common cause of failure).
+    attempts = [wanted] + (
+        ["local"]
+        if runtime.accelerator in ("tpu_vm", "tpu_node")
+        and wanted != "local"
+        and not str(wanted).startswith("grpc://")
+        else []
+    )
+    failures, details = [], None
+    for attempt in attempts:
+        try:
+            details = connect(attempt)
+            break
+        except Exception as error:  # noqa: BLE001 - every failure is reported, none is raised
+            explanation = diagnose.explain(error)
+            message = f"connecting with tpu={attempt!r} failed: {type(error).__name__}: {str(error)[:600]}"
+            if explanation and explanation not in message:
+                message += f" {explanation}"
+            failures.append(message)
+    if details is None:
+        return {}, [Finding("fail", "accelerator", " Then: ".join(failures))]
+    findings = []
+    if failures:
+        findings.append(
+            Finding(
+                "warn",
+                "accelerator",
+                f"{failures[0]} It worked with tpu='local'.",
+                "use --tpu local (or TPU_NAME=local, tpukit.connect(tpu='local')), and unset the stale setting",
+            )
+        )
+    expected_tpu = runtime.accelerator in ("tpu_vm", "tpu_node") or tpu
+    got_tpu = details.get("strategy", "").startswith("TPU")
+    line = f"{details.get('strategy')} with {details.get('replicas')} replica(s)"
+    if details.get("topology"):
+        topo = details["topology"]
+        line += (
+            f", TPU mesh {'x'.join(map(str, topo['mesh_shape']))}, {topo['num_tasks']} host(s) x "
+            f"{topo['num_tpus_per_task']} TPU device(s)"
+        )
+    if expected_tpu and not got_tpu:
+        findings.append(
+            Finding(
+                "fail",
+                "accelerator",
+                f"a TPU was expected ({runtime.accelerator}) but connect() gave {line}.",
+                "see the warning above it: usually the TensorFlow build (the tensorflow check)",
+            )
+        )
+    else:
+        findings.append(Finding("ok", "accelerator", line + "."))
+    return details, findings
+
+
+def diagnose_environment(tpu: str | None = None, connect=_default_connect, **detect_kwargs) -> dict:
+    """The whole report as a JSON-ready dict: runtime, versions, accelerator, findings and `ok`."""
+    runtime = detect_runtime(**detect_kwargs)
+    installed = installed_versions()
+    try:
+        jax_requires = importlib.metadata.requires("jax") if installed.get("jax") else None
+    except importlib.metadata.PackageNotFoundError:
+        jax_requires = None
+    tf_dist = next(
+        (d for d in ("tensorflow-tpu", "tensorflow", "tensorflow-cpu") if installed.get(d)), None
+    )
+    tf_requires = importlib.metadata.requires(tf_dist) if tf_dist else None
+    findings = check_versions(runtime, installed, jax_requires, tf_requires)
+    accelerator: dict = {}
+    if not any(f.level == "fail" and f.topic == "tensorflow" for f in findings):
+        accelerator, more = check_accelerator(runtime, tpu, connect)
+        findings += more
+    return {
+        "ok": not any(f.level == "fail" for f in findings),
+        "runtime": dataclasses.asdict(runtime),
+        "python": sys.version.split()[0],
+        "versions": installed,
+        "accelerator": accelerator,
+        "findings": [dataclasses.asdict(f) for f in findings],
+    }
+
+
+def format_report(report: dict) -> str:
+    """The human-readable report."""
+    runtime = report["runtime"]
+    where = {"tpu_vm": "TPU VM", "tpu_node": "remote TPU Node", "gpu": "GPU", "cpu": "CPU"}[
+        runtime["accelerator"]
+    ]
+    lines = [
+        f"tpukit doctor: {runtime['platform']} runtime, accelerator: {where}"
+        + (f" ({runtime['accelerator_type']})" if runtime["accelerator_type"] else "")
+        + (
+            f", pod slice of {runtime['hosts']} hosts (this is worker {runtime['worker_id']})"
+            if runtime["pod_slice"]
+            else ""
+        ),
+        "  evidence: " + "; ".join(runtime["evidence"]),
+        "  python "
+        + report["python"]
+        + ", "
+        + ", ".join(f"{k} {v}" for k, v in report["versions"].items() if v),
+    ]
+    for finding in report["findings"]:
+        lines.append(f"[{finding['level'].upper():4}] {finding['topic']}: {finding['message']}")
+        if finding["fix"]:
+            lines.append(f"       fix: {finding['fix']}")
+    lines.append(
+        "OK: this environment can train." if report["ok"] else "NOT OK: fix the [FAIL] lines above."
+    )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tpukit.doctor", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print one JSON object instead of the report"
+    )
+    parser.add_argument(
+        "--tpu", default=None, help="a TPU name, grpc://host:port or 'local' (default: detect)"
+    )
+    args = parser.parse_args(argv)
+    report = diagnose_environment(tpu=args.tpu)
+    print(json.dumps(report, indent=2, sort_keys=True) if args.json else format_report(report))
+    return 0 if report["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
