@@ -3,7 +3,7 @@
 # with that TensorFlow pinned (nothing else added by hand: the package metadata must resolve to a working set),
 # then the fast suite (-m "not slow"). Prints one table of pass/fail counts; exits non-zero if any version fails.
 #
-#   .ci/tf_matrix.sh                          # the versions tpukit declares (tpukit/versions.py CPU rows)
+#   .ci/tf_matrix.sh                          # the versions tpukit declares (tpukit/environment/versions.py CPU rows)
 #   .ci/tf_matrix.sh 2.19.1 2.21.0            # chosen versions
 #   SOURCE=/path/to/clone .ci/tf_matrix.sh    # test another checkout (default: this one)
 #

@@ -6,7 +6,7 @@ import socket
 import subprocess
 import sys
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/helpers.py -> the repository
 RECIPES = os.path.join(REPO, "recipes")
 
 

@@ -1,6 +1,6 @@
 """Which TensorFlow / libtpu / Keras / Python combinations tpukit knows, and where each row's knowledge comes from.
 
-One table, read by setup.cfg's extras (by hand: `tests/test_install.py` resolves the extras with pip and fails if
+One table, read by setup.cfg's extras (by hand: `tests/environment/test_install.py` resolves the extras with pip and fails if
 they drift from it), by `tpukit.compat` (the accepted TensorFlow range) and by `python -m tpukit.doctor`.
 
 Nothing here has run on a TPU under tpukit. A TPU row says what an upstream source documents; a CPU row says what

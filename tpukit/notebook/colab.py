@@ -3,13 +3,13 @@ runtime must restart.
 
 A notebook cannot import tpukit before installing it, so its install cell holds the code between the two
 `install cell` markers below verbatim, then calls `install_tpukit(TPUKIT_SOURCE, dry_run=INSTALL_DRY_RUN)`.
-`tests/test_notebooks.py` fails when a notebook's cell drifts from this file; `python -m tpukit.colab` prints the
+`tests/notebook/test_notebooks.py` fails when a notebook's cell drifts from this file; `python -m tpukit.notebook.colab` prints the
 cell to paste. The block uses the standard library only.
 
 What it does, in order:
 1. `detect_runtime`: "tpu" (Colab/Kaggle TPU runtimes, Cloud TPU VMs), "gpu" or "cpu", from environment variables
    and device files, as `tpukit.engines.tensorflow.strategy.tpu_vm_present` and `tpukit.tools.doctor.detect_runtime` judge them.
-2. `install_plan`: TPU -> `tpukit[tpu]` plus the pinned row of `tpukit/versions.py` (removing a CPU TensorFlow
+2. `install_plan`: TPU -> `tpukit[tpu]` plus the pinned row of `tpukit/environment/versions.py` (removing a CPU TensorFlow
    wheel first: it writes the same `tensorflow` module); GPU/CPU -> `tpukit[tensorflow]`, which keeps a
    preinstalled TensorFlow that is in range (Colab's GPU build keeps its CUDA setup).
 3. pip resolves the plan first (`--dry-run --report`), so a plan that cannot resolve changes nothing.
@@ -29,8 +29,8 @@ import subprocess
 import sys
 import tempfile
 
-# The tested TPU build: the pinned row of tpukit/versions.py (Keras' TPU requirements pin tensorflow-tpu 2.19.1,
-# whose wheel requires libtpu 0.0.10; wheels for CPython 3.10-3.12). tests/test_colab.py keeps them equal.
+# The tested TPU build: the pinned row of tpukit/environment/versions.py (Keras' TPU requirements pin tensorflow-tpu 2.19.1,
+# whose wheel requires libtpu 0.0.10; wheels for CPython 3.10-3.12). tests/notebook/test_colab.py keeps them equal.
 TPU_PINS = ("tensorflow-tpu==2.19.1", "libtpu==0.0.10")
 TPU_PYTHONS = ((3, 10), (3, 12))
 # CPU/GPU wheels that write the same `tensorflow` module as tensorflow-tpu: removed before it is installed.
@@ -283,8 +283,8 @@ def install_tpukit(source, dry_run=False, runtime=None, pip_options=(), run=subp
 
 CELL_HEADER = """\
 #@title Install tpukit for this runtime { display-mode: "form" }
-# The code is tpukit/colab.py's install block, verbatim (tests/test_notebooks.py keeps them equal).
-# TPU runtime -> tpukit[tpu] + tensorflow-tpu/libtpu pinned in tpukit/versions.py; GPU/CPU -> tpukit[tensorflow].
+# The code is tpukit/notebook/colab.py's install block, verbatim (tests/notebook/test_notebooks.py keeps them equal).
+# TPU runtime -> tpukit[tpu] + tensorflow-tpu/libtpu pinned in tpukit/environment/versions.py; GPU/CPU -> tpukit[tensorflow].
 # It stops "Run all" with "Restart the runtime" only when the install replaced a package this kernel imported.
 """
 CELL_CALL = "install_tpukit(TPUKIT_SOURCE, dry_run=INSTALL_DRY_RUN);\n"

@@ -151,7 +151,7 @@ class RuntimeConfig:
         "auto"  # auto: progress bar on a terminal, one line per epoch otherwise
     )
     # Who runs the steps: auto = Keras' own train function, except where it fails (2+ Mirrored replicas with
-    # steps_per_execution > 1, MultiWorkerMirroredStrategy), which get tpukit's Orbit-style loop (tpukit/loop.py);
+    # steps_per_execution > 1, MultiWorkerMirroredStrategy), which get tpukit's Orbit-style loop (tpukit/engines/tensorflow/loop.py);
     # tpukit = tpukit's loop everywhere (the escape hatch when Keras' loop fails on a TPU); keras = Keras' always.
     loop: Literal["auto", "keras", "tpukit"] = "auto"
 
@@ -518,7 +518,7 @@ def _check_kwargs(
 
 
 def _lookup(registry: dict[str, Any], name: Any, key: str):
-    """A registered name, or an importable `module:function` (see tpukit/registry.py)."""
+    """A registered name, or an importable `module:function` (see tpukit/recipe/registry.py)."""
     from tpukit.recipe import registry as registry_lib
 
     try:

@@ -4,7 +4,7 @@
     python -m tpukit.doctor --json       # the same as one JSON object, for machines
     python -m tpukit.doctor --tpu=local  # connect to this TPU the way tpukit.connect(tpu=...) would
 
-Four steps, each an importable function tested against faked environments (tests/test_doctor.py):
+Four steps, each an importable function tested against faked environments (tests/tools/test_doctor.py):
 
 1. `detect_runtime`: Colab / Kaggle / Cloud TPU VM / GKE, a pod slice (several TPU hosts), a remote TPU Node,
    GPU or CPU, from environment variables, device files and PCI ids; nothing is initialized.
@@ -330,7 +330,7 @@ def _check_tpu_build(runtime: Runtime, installed: dict[str, str | None]) -> list
                     "fail",
                     "tensorflow",
                     f"tensorflow-tpu {tf_tpu} with libtpu {libtpu} is not a combination tpukit knows to work "
-                    f"(tpukit/versions.py; known: "
+                    f"(tpukit/environment/versions.py; known: "
                     + ", ".join(
                         f"{c.tensorflow}+libtpu {c.libtpu}"
                         for c in versions.COMBINATIONS
@@ -383,7 +383,7 @@ def _check_other_build(runtime: Runtime, installed: dict[str, str | None]) -> li
             Finding(
                 "warn",
                 "tensorflow",
-                f"tensorflow {version} is in range but not a tested row of tpukit/versions.py.",
+                f"tensorflow {version} is in range but not a tested row of tpukit/environment/versions.py.",
             )
         )
     else:

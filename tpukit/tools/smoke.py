@@ -20,7 +20,7 @@ report`), so nothing here is a second trainer. Paths, each passed or failed in t
 
 The report is one block to paste into an issue: versions, device and topology, examples/s and MFU, and PASS/FAIL
 per path. Exit status 0 when every path passes, 1 otherwise. On a CPU it runs the same paths with the default
-strategy in well under a minute (tests/test_smoke.py runs it); only a report from a TPU says anything about a TPU.
+strategy in well under a minute (tests/tools/test_smoke.py runs it); only a report from a TPU says anything about a TPU.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ def check_tensorflow() -> str:
     if not (MIN_TF <= _version_tuple(version) < MAX_TF_EXCLUSIVE):
         raise ImportError(
             f"tpukit supports TensorFlow >= {low} and < {high}; received tensorflow {version}. Fix: "
-            f"`pip install 'tensorflow>={low},<{high}'` on CPU/GPU, or on a TPU VM the build in tpukit/versions.py "
+            f"`pip install 'tensorflow>={low},<{high}'` on CPU/GPU, or on a TPU VM the build in tpukit/environment/versions.py "
             "(`python -m tpukit.doctor` prints the command), then restart the runtime."
         )
     check_keras()

@@ -247,7 +247,7 @@ def _eval_dataset(the_plan: Plan):
     _, eval_fn = task.input_fns(the_plan.recipe, the_plan.eval_examples, the_plan.steps_per_epoch)
     # A finite dataset read with `steps=plan.eval_steps`: Keras makes a new iterator for every evaluation, and its
     # loop ends the last execution where the data ends, so an evaluation is one exact pass at any
-    # steps_per_execution (tests/test_recovery.py counts the examples against the exported model).
+    # steps_per_execution (tests/engines/tensorflow/test_recovery.py counts the examples against the exported model).
     return lambda: data.distribute(the_plan.strategy, eval_fn)
 
 

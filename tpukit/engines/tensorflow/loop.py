@@ -14,7 +14,7 @@ all-reduce, optimizer update) in `merge_call` on the main thread; TF documents m
 `tf.function` or a control-flow body as unsupported (tensorflow/python/distribute/mirrored_run.py lines 472-506,
 cases 2 and 3 in `_MirroredReplicaContext._merge_call`; here it surfaces as an unfed placeholder). Measured with Keras 3.15 and
 TF 2.21: the error needs both the nested `tf.function` and the `tf.cond`; either alone works
-(`test_stock_keras_fails_on_two_replicas_so_these_tests_exercise_the_bug` in tests/test_loop.py shows the failure). Stock `evaluate` and `predict` work (no merge_call in the test step; predict
+(`test_stock_keras_fails_on_two_replicas_so_these_tests_exercise_the_bug` in tests/engines/tensorflow/test_loop.py shows the failure). Stock `evaluate` and `predict` work (no merge_call in the test step; predict
 loops in Python), and so does any single-replica strategy. The test function is replaced too, so that `fit` and
 `evaluate` run the same loop.
 

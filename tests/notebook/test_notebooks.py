@@ -1,5 +1,5 @@
 """The notebooks, as stored and as run: nbformat-valid without outputs, a Colab badge and a time line, the install
-cell identical to tpukit/colab.py, library calls only; and each one executed top to bottom on this CPU with
+cell identical to tpukit/notebook/colab.py, library calls only; and each one executed top to bottom on this CPU with
 nbclient in a fresh kernel, checking its artefacts (PNG plots, the throughput/MFU line, sampled text).
 
 The run injects one cell after the `parameters` cell (as papermill does): `TPUKIT_SOURCE` = this checkout and
@@ -40,7 +40,7 @@ def install_cell_index(notebook) -> int:
     ]
     matches += [i for i, c in enumerate(notebook.cells) if c.source == colab.cell_source()]
     assert len(matches) == 1, (
-        "the install cell must equal tpukit/colab.py's install block (print it with `python -m tpukit.colab`)"
+        "the install cell must equal tpukit/notebook/colab.py's install block (print it with `python -m tpukit.notebook.colab`)"
     )
     return matches[0]
 
@@ -85,7 +85,7 @@ def test_install_cell_is_tpukit_colab_verbatim_and_first_after_the_settings(name
 
 @pytest.mark.parametrize("name", NAMES)
 def test_notebooks_call_library_code_only(name):
-    """No loops, classes or helper functions in the cells (the install cell is tpukit/colab.py's code)."""
+    """No loops, classes or helper functions in the cells (the install cell is tpukit/notebook/colab.py's code)."""
     notebook = read(name)
     skip = install_cell_index(notebook)
     for index, cell in enumerate(notebook.cells):

@@ -1,7 +1,7 @@
 """The package metadata resolves to working sets: `pip install --dry-run --ignore-installed --report` on this
 checkout's extras (metadata only: nothing is installed; pip reads the package index, so this needs PyPI).
 
-* `.[tpu]` resolves to a tensorflow-tpu / libtpu pair that is the pinned row of `tpukit/versions.py`.
+* `.[tpu]` resolves to a tensorflow-tpu / libtpu pair that is the pinned row of `tpukit/environment/versions.py`.
 * `.[tensorflow]` with each declared TensorFlow pinned resolves to a tensorflow-metadata whose generated protobuf
   code the resolved protobuf can load (the TF 2.19.1 + tensorflow-metadata 1.21 break of issue 10).
 
@@ -9,6 +9,7 @@ Skipped only when the package index cannot be reached (the skip says so); any re
 fails. This proves what pip would install, not that it runs: `.ci/tf_matrix.sh` runs the suite on each TensorFlow.
 """
 
+from helpers import REPO  # noqa: I001
 import json
 import pathlib
 import socket
@@ -19,7 +20,7 @@ import pytest
 
 from tpukit.environment import versions
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(REPO)
 
 
 def _index_reachable() -> bool:

@@ -1,6 +1,6 @@
 """tpukit.plots: scalars read back from real TensorBoard event files, the figures drawn from them, the prediction
 grid and the throughput line (matplotlib's Agg backend; what a notebook shows inline is checked by
-tests/test_notebooks.py)."""
+tests/notebook/test_notebooks.py)."""
 
 import json
 import os

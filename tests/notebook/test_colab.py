@@ -1,4 +1,4 @@
-"""tpukit/colab.py, the notebooks' install cell: runtime detection, the pip plan per runtime, and the restart guard.
+"""tpukit/notebook/colab.py, the notebooks' install cell: runtime detection, the pip plan per runtime, and the restart guard.
 
 The guard is checked with a fake pip (exact commands, raise or not) and, against PyPI, with pip's real dry-run
 resolution for the TPU and the CPU branch from this checkout (nothing is installed; skipped only when pypi.org is

@@ -1,5 +1,6 @@
 """The TensorFlow and Keras ranges tpukit was tested with are checked at import (issue 9)."""
 
+from helpers import REPO  # noqa: I001
 import keras
 import pytest
 
@@ -33,6 +34,6 @@ def test_setup_cfg_declares_the_same_keras_range():
     import os
 
     config = configparser.ConfigParser()
-    config.read(os.path.join(os.path.dirname(os.path.dirname(__file__)), "setup.cfg"))
+    config.read(os.path.join(REPO, "setup.cfg"))
     low, high = (".".join(map(str, v)) for v in compat.KERAS_TESTED)
     assert f"keras>={low},<{high}" in config["options"]["install_requires"]

@@ -1,5 +1,6 @@
 """tpukit.loop: steps_per_execution > 1 on 2 and 4 virtual-CPU replicas matches one device step for step."""
 
+from helpers import REPO  # noqa: I001
 import os
 import subprocess
 import sys
@@ -103,7 +104,7 @@ def _train_and_evaluate(strategy, steps_per_execution, fix):
 def _python(code: str) -> subprocess.CompletedProcess:
     """Runs `code` in a fresh interpreter with tests/ importable (conftest sets up the virtual CPUs)."""
     env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="2")
-    tests = os.path.dirname(os.path.abspath(__file__))
+    tests = os.path.join(REPO, "tests")
     return subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,
