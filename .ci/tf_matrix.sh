@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The TensorFlow matrix: for each TensorFlow version, a fresh venv under /tmp, `pip install ".[tensorflow,test]"`
 # with that TensorFlow pinned (nothing else added by hand: the package metadata must resolve to a working set),
-# then the fast suite (-m "not slow"). Prints one table of pass/fail counts; exits non-zero if any version fails.
+# then the default test tier. Prints one table of pass/fail counts; exits non-zero if any version fails.
 #
 #   .ci/tf_matrix.sh                          # the versions tpukit declares (tpukit/environment/versions.py CPU rows)
 #   .ci/tf_matrix.sh 2.19.1 2.21.0            # chosen versions
@@ -36,7 +36,7 @@ for version in "${versions[@]}"; do
     fi
     installed=$("$venv/bin/python" -c "import importlib.metadata as m; print(' '.join(f'{d}={m.version(d)}' for d in ('tensorflow', 'keras', 'protobuf', 'tensorflow-metadata')))" 2>/dev/null)
     # JUnit XML gives exact counts whatever pytest's summary line looks like.
-    (cd "$SOURCE" && "$venv/bin/python" -m pytest -q -m "not slow" -p no:cacheprovider --junitxml="$work/tf-$version.xml") >>"$log" 2>&1
+    (cd "$SOURCE" && "$venv/bin/python" -m pytest -q -p no:cacheprovider --junitxml="$work/tf-$version.xml") >>"$log" 2>&1
     code=$?
     counts=$("$PYTHON" - "$work/tf-$version.xml" <<'EOF'
 import sys

@@ -98,7 +98,11 @@ def write_metrics(the_plan: Plan, metrics: dict) -> dict:
     path = os.path.join(
         the_plan.output_dir, "eval_metrics.json" if the_plan.mode == "eval" else "metrics.json"
     )
-    if the_plan.training and metrics["step"] == metrics["resumed_from_step"] and os.path.isfile(path):
+    if (
+        the_plan.training
+        and metrics["step"] == metrics["resumed_from_step"]
+        and os.path.isfile(path)
+    ):
         with open(path, encoding="utf-8") as f:
             previous = json.load(f)
         for key in (
@@ -111,7 +115,9 @@ def write_metrics(the_plan: Plan, metrics: dict) -> dict:
         ):
             if not metrics[key] and previous.get(key):
                 metrics[key] = previous[key]
-    if the_plan.chief:  # the other workers' metrics are the chief's (one model, one eval over all shards)
+    if (
+        the_plan.chief
+    ):  # the other workers' metrics are the chief's (one model, one eval over all shards)
         with open(path, "w", encoding="utf-8") as f:
             json.dump(metrics, f, indent=2)
     return metrics

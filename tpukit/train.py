@@ -63,9 +63,17 @@ def main(argv: list[str]) -> int:
         recipe = load_recipe(argv[1], overrides)
         name = os.path.splitext(os.path.basename(recipe.path))[0]
         output_dir = FLAGS.output_dir or os.path.join("runs", name)
+        from tpukit import engines
+        from tpukit.engines import EngineUnavailableError, OutputDirError
+        from tpukit.runner import run
+
+        try:
+            engines.get("tensorflow")  # the version checks, before the engine's modules load
+        except EngineUnavailableError as error:
+            print(f"tpukit: error: {error}", file=sys.stderr)
+            return 1
         from tpukit.engines.tensorflow.strategy import TPUConnectionError
         from tpukit.engines.tensorflow.trainer import TrainingDivergedError
-        from tpukit.runner import OutputDirError, run
 
         try:
             metrics = run(recipe, output_dir, mode=FLAGS.mode, checkpoint=FLAGS.checkpoint)

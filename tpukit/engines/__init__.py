@@ -10,21 +10,38 @@ from __future__ import annotations
 
 import importlib
 
-ENGINES = {"tensorflow": "tpukit.engines.tensorflow.engine"}
+# name -> (the check that runs first, as "module:function", importing nothing heavy itself; the engine module)
+ENGINES = {
+    "tensorflow": (
+        "tpukit.engines.tensorflow.compat:check_tensorflow",
+        "tpukit.engines.tensorflow.engine",
+    ),
+}
 
 
 class OutputDirError(RuntimeError):
     """The output directory stopped taking writes (full, read-only, no permission). Earlier checkpoints are kept."""
 
 
+class EngineUnavailableError(ImportError):
+    """The engine's libraries are missing or outside the tested range; the message holds the install command."""
+
+
 def get(name: str = "tensorflow"):
     """The engine module `name`, after its environment checks (versions, Keras backend) pass.
 
-    Raises ImportError naming the fix when the engine's libraries are missing or out of the tested range, and
-    ValueError listing the engines when `name` is unknown.
+    Raises EngineUnavailableError (an ImportError) naming the fix when the engine's libraries are missing or out of
+    the tested range, before any of them is imported by the engine, and ValueError listing the engines when `name`
+    is unknown.
     """
     if name not in ENGINES:
         raise ValueError(f"unknown engine {name!r}; valid engines: {', '.join(sorted(ENGINES))}.")
-    engine = importlib.import_module(ENGINES[name])
-    engine.check_environment()
-    return engine
+    check, engine = ENGINES[name]
+    module, function = check.split(":")
+    try:
+        getattr(importlib.import_module(module), function)()
+    except EngineUnavailableError:
+        raise
+    except ImportError as error:
+        raise EngineUnavailableError(str(error)) from None
+    return importlib.import_module(engine)

@@ -15,7 +15,6 @@ import dataclasses
 import logging
 import math
 import os
-import re
 from typing import Any
 
 from tpukit.planner import hardware as hardware_choices
@@ -36,11 +35,17 @@ class Hardware:
     kind: str  # "tpu", "multi_worker", "mirrored", "one_device" or "default"
     replicas: int
     input_pipelines: int  # hosts that each run an input pipeline
-    worker: str | None = None  # a non-chief multi-worker task ("worker1"): its outputs go under output_dir/worker1
+    worker: str | None = (
+        None  # a non-chief multi-worker task ("worker1"): its outputs go under output_dir/worker1
+    )
     io_device: str | None = None  # remote TPU + local output dir: file I/O through this device
     gpu_compute_capability: tuple[int, int] | None = None
-    keras_loop_failure: str | None = None  # why Keras' own train loop fails here at the recipe's steps_per_execution
-    handle: Any = dataclasses.field(default=None, repr=False, compare=False)  # the engine's strategy object
+    keras_loop_failure: str | None = (
+        None  # why Keras' own train loop fails here at the recipe's steps_per_execution
+    )
+    handle: Any = dataclasses.field(
+        default=None, repr=False, compare=False
+    )  # the engine's strategy object
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +64,6 @@ class CheckpointFacts:
 
     newest_step: int = 0
     requested_exists: bool = False
-
 
 
 def eval_batch_size(recipe: Recipe) -> int:
@@ -168,7 +172,6 @@ class Plan:
         return "\n".join(f"tpukit plan: {line}" for line in lines)
 
 
-
 def check_resume(
     recipe: Recipe, steps_per_epoch: int, total_steps: int, steps_per_execution: int, step: int
 ) -> None:
@@ -202,7 +205,6 @@ def _check_mode(recipe: Recipe, mode: str, evaluating: bool) -> None:
             )
 
 
-
 def check_request(recipe: Recipe, mode: str, checkpoint: str | None) -> bool:
     """The run's mode and flags against the recipe; returns whether the run evaluates. Cheap: call it first."""
     if mode not in MODES:
@@ -219,7 +221,9 @@ def check_request(recipe: Recipe, mode: str, checkpoint: str | None) -> bool:
     return evaluating
 
 
-def check_checkpoint(mode: str, checkpoint: str | None, checkpoint_dir: str, found: CheckpointFacts) -> None:
+def check_checkpoint(
+    mode: str, checkpoint: str | None, checkpoint_dir: str, found: CheckpointFacts
+) -> None:
     """`--checkpoint` names an existing checkpoint, and mode eval has something to evaluate."""
     if checkpoint and not found.requested_exists:
         raise RecipeError(
@@ -315,7 +319,9 @@ def decide(
     resume_step = checkpoints.newest_step if mode != "eval" else 0
     steps_per_execution = recipe.runtime.steps_per_execution
     if steps_per_execution == "auto" and mode == "eval":
-        steps_per_execution = 1  # nothing trains: no probe (it would build and train a throwaway model)
+        steps_per_execution = (
+            1  # nothing trains: no probe (it would build and train a throwaway model)
+        )
     if steps_per_execution != "auto" and mode != "eval":
         check_resume(recipe, steps_per_epoch, total_steps, steps_per_execution, resume_step)
     return Plan(

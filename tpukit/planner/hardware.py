@@ -22,7 +22,6 @@ class Decision:
     reason: str
 
 
-
 def choose_precision(
     requested: str, kind: str, compute_capability: tuple[int, int] | None = None
 ) -> Decision:

@@ -96,4 +96,3 @@ def input_paths_rule(recipe: Recipe, target: Target) -> Rule:
     if notes:
         return Rule("input_paths", "warn", f"{why}; " + "; ".join(notes) + ".")
     return Rule("input_paths", "pass", f"{why}; every path option of the source is on gs://.")
-

@@ -71,4 +71,3 @@ def auto_steps_per_execution(
         if d <= maximum and d * time_one_step_seconds <= target_seconds * (1 + 1e-9)
     ]
     return max(fits, default=1)
-

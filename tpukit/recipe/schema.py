@@ -719,4 +719,3 @@ def from_dict(raw: Any, path: str = "<dict>") -> Recipe:
         raise RecipeError(
             message if message.startswith(f"{path}: ") else f"{path}: {message}"
         ) from None
-

@@ -382,10 +382,8 @@ def _first_batch(dataset):
 def xla_step_rule(context: _Context) -> tuple[Rule, Any]:
     """One `jit_compile=True` train step in float32 on the default (CPU) strategy; returns the rule and model."""
     import numpy as np
-    import tensorflow as tf
 
     from tpukit import task
-
     from tpukit.engines.tensorflow import engine
 
     recipe = context.recipe
@@ -532,10 +530,8 @@ def _activation_bytes(model, per_core_batch: int) -> float:
 
 
 def memory_check(context: _Context, model, policy: str) -> Rule:
-    import tensorflow as tf
 
     from tpukit import task
-
     from tpukit.engines.tensorflow import engine
 
     recipe = context.recipe

@@ -302,7 +302,6 @@ def _checkpoint_path(smoke: _Smoke, second, output_dir, strategy, metrics: dict,
     import numpy as np
 
     import tpukit
-    from tpukit import runner
     from tpukit.engines.tensorflow import engine
 
     the_plan = session = outcome = None

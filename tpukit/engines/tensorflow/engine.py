@@ -31,7 +31,7 @@ from tpukit import __version__, data, planner, task
 from tpukit.engines import OutputDirError
 from tpukit.engines.tensorflow import callbacks as callbacks_lib
 from tpukit.engines.tensorflow import checkpoint as checkpoint_lib
-from tpukit.engines.tensorflow import cluster, compat, flops, loop, trainer
+from tpukit.engines.tensorflow import cluster, flops, loop, trainer
 from tpukit.engines.tensorflow import strategy as strategy_lib
 from tpukit.engines.tensorflow.export import export_model, io_device_for
 from tpukit.environment import diagnose
@@ -42,11 +42,6 @@ from tpukit.recipe import Recipe, RecipeError
 logger = logging.getLogger("tpukit")
 
 NAME = "tensorflow"
-
-
-def check_environment() -> None:
-    """TensorFlow and Keras in the tested ranges, Keras on the TensorFlow backend; ImportError with the fix."""
-    compat.check_tensorflow()
 
 
 def _gpu_compute_capability() -> tuple[int, int] | None:
@@ -80,7 +75,9 @@ def hardware(recipe: Recipe, strategy, output_dir: str) -> Hardware:
         worker=worker,
         io_device=io_device_for(strategy, os.path.join(output_dir, worker or "")),
         gpu_compute_capability=(
-            _gpu_compute_capability() if kind in ("one_device", "mirrored", "multi_worker") else None
+            _gpu_compute_capability()
+            if kind in ("one_device", "mirrored", "multi_worker")
+            else None
         ),
         keras_loop_failure=loop.keras_loop_fails(strategy, 2 if value == "auto" else value),
         handle=strategy,
@@ -107,7 +104,6 @@ def _probe_steps_per_execution(
 
     The pick also divides the steps left in an interrupted epoch, so a resumed run keeps whole executions.
     """
-
 
     class Timer(keras.callbacks.Callback):
         def __init__(self):
@@ -332,7 +328,6 @@ def build(the_plan: Plan) -> Session:
     """Resolves `steps_per_execution: auto` (a probe on a throwaway model), then seeds, builds and compiles the model
     under the plan's strategy, and restores the newest readable checkpoint. Call it under `dtype_policy`."""
 
-
     recipe = the_plan.recipe
     cluster.check_same_recipe(the_plan.strategy, recipe, __version__)
     # Before seeding, so the model trained below is initialized exactly as with a fixed value.
@@ -438,7 +433,9 @@ def evaluate(session: Session, outcome) -> dict[str, float]:
         steps=the_plan.eval_steps,
         return_dict=True,
         verbose=_verbose(the_plan.recipe.runtime.verbose),
-        callbacks=[callbacks_lib.ExactValidationLoss()],  # the printed `loss` over the real examples
+        callbacks=[
+            callbacks_lib.ExactValidationLoss()
+        ],  # the printed `loss` over the real examples
     )
     # The returned dict too (Keras' CallbackList hands callbacks a copy of the logs).
     return callbacks_lib.with_aliases({k: float(v) for k, v in results.items()})
@@ -503,8 +500,6 @@ def report(session: Session, outcome, evaluation: dict, exported: dict) -> dict:
     return metrics
 
 
-
-
 _OUTPUT_FAILURES = (
     "No space left on device",
     "Read-only file system",
@@ -562,7 +557,6 @@ def _recipe_or_output_failure(the_plan: Plan, error: BaseException) -> Exception
     """The tpukit error that `error` means, or None: a corrupt record or a label beyond the model's classes
     (RecipeError), or an output directory that stopped taking writes (OutputDirError)."""
 
-
     if isinstance(error, tf.errors.OpError):
         config = the_plan.recipe.data
         splits = [s for s in (config.train_split, config.eval_split) if s]
@@ -573,4 +567,3 @@ def _recipe_or_output_failure(the_plan: Plan, error: BaseException) -> Exception
     if isinstance(error, OSError):
         return _output_failure(the_plan, error)
     return None
-
