@@ -236,11 +236,20 @@ def test_old_keras_fails():
     )
 
 
-def test_a_keras_outside_the_tested_range_fails_with_the_install_command():
+@pytest.mark.parametrize("version", ["3.12.4", "3.14.9", "3.16.0", "3.17.0"])
+def test_a_keras_outside_the_tested_range_fails_with_the_install_command(version):
     (finding,) = by_topic(
-        doctor.check_versions(detect({}), {**GOOD_CPU, "keras": "3.12.4"}), "keras"
+        doctor.check_versions(detect({}), {**GOOD_CPU, "keras": version}), "keras"
     )
-    assert finding.level == "fail" and "keras>=3.15,<3.16" in finding.fix
+    assert finding.level == "fail" and f"installed: {version}." in finding.message
+    assert finding.fix == f'`pip install "keras>=3.15,<3.16"`, {doctor.RESTART}'
+
+
+def test_no_keras_at_all():
+    (finding,) = by_topic(doctor.check_versions(detect({}), {**GOOD_CPU, "keras": None}), "keras")
+    assert finding.level == "fail"
+    assert finding.message == "Keras is not installed; tpukit needs Keras >= 3.15 and < 3.16."
+    assert finding.fix == f'`pip install "keras>=3.15,<3.16"`, {doctor.RESTART}'
 
 
 def test_tfds_metadata_newer_than_protobuf_fails_with_the_cap():
@@ -368,18 +377,88 @@ def test_explicit_tpu_argument_wins():
     assert seen == ["grpc://10.9.9.9:8470"]
 
 
-def test_version_failures_skip_the_connection(monkeypatch):
-    monkeypatch.setattr(doctor, "installed_versions", lambda: {**GOOD_CPU, "tensorflow": "2.10.0"})
+def levels(report):
+    """(level, topic) of the findings about TensorFlow, Keras and the accelerator (not this machine's protobuf)."""
+    mine = ("tensorflow", "keras", "accelerator")
+    return [(f["level"], f["topic"]) for f in report["findings"] if f["topic"] in mine]
+
+
+FAKE_MACHINE = dict(
+    env={}, tpu_device_files=[], gpu_device_files=[], colab_module=False, kaggle_dir=False
+)
+
+
+@pytest.mark.parametrize("tensorflow", ["2.10.0", None])
+def test_version_failures_skip_the_connection_and_say_so(monkeypatch, tensorflow):
+    monkeypatch.setattr(
+        doctor, "installed_versions", lambda: {**GOOD_CPU, "tensorflow": tensorflow}
+    )
     report = doctor.diagnose_environment(
-        connect=pytest.fail,
-        env={},
-        tpu_device_files=[],
-        gpu_device_files=[],
-        colab_module=False,
-        kaggle_dir=False,
+        connect=pytest.fail, import_module=pytest.fail, **FAKE_MACHINE
     )
     assert report["ok"] is False and report["accelerator"] == {}
-    assert "NOT OK" in doctor.format_report(report)
+    assert levels(report) == [
+        ("fail", "tensorflow"),
+        ("ok", "keras"),
+        ("skip", "accelerator"),
+    ]
+    text = doctor.format_report(report)
+    assert "[SKIP] accelerator: not checked: connecting needs a TensorFlow" in text
+    assert text.endswith("NOT OK: fix the [FAIL] lines above.")
+
+
+PROTOBUF_ERROR = TypeError(
+    "Descriptors cannot be created directly. If this call came from a _pb2.py file, your generated code is out "
+    "of date and must be regenerated with protoc >= 3.19.0."
+)
+
+
+def test_a_tensorflow_that_does_not_import_is_a_failure_with_the_reinstall():
+    def broken(name):
+        assert name == "tensorflow"
+        raise PROTOBUF_ERROR
+
+    (finding,) = doctor.check_import(GOOD_CPU, import_module=broken)
+    assert finding.level == "fail" and finding.topic == "tensorflow"
+    assert finding.message.startswith(
+        "tensorflow 2.21.0 is installed but `import tensorflow` failed: TypeError: Descriptors cannot"
+    )
+    assert finding.fix == f'`pip install "tensorflow==2.21.0" --force-reinstall`, {doctor.RESTART}'
+    (tpu,) = doctor.check_import(GOOD_TPU, import_module=broken)
+    assert tpu.fix == f"`{PINNED} --force-reinstall`, {doctor.RESTART}"
+    assert doctor.check_import(GOOD_CPU, import_module=lambda name: object()) == []
+
+
+def test_an_import_failure_skips_the_connection(monkeypatch):
+    monkeypatch.setattr(doctor, "installed_versions", lambda: GOOD_CPU)
+
+    def broken(name):
+        raise ImportError("libtensorflow_framework.so.2: cannot open shared object file")
+
+    report = doctor.diagnose_environment(connect=pytest.fail, import_module=broken, **FAKE_MACHINE)
+    assert report["ok"] is False and report["accelerator"] == {}
+    assert levels(report) == [
+        ("ok", "tensorflow"),
+        ("ok", "keras"),
+        ("fail", "tensorflow"),
+        ("skip", "accelerator"),
+    ]
+    assert "ImportError: libtensorflow_framework.so.2" in report["findings"][-2]["message"]
+
+
+def test_only_keras_out_of_range_still_connects(monkeypatch):
+    monkeypatch.setattr(doctor, "installed_versions", lambda: {**GOOD_CPU, "keras": "3.17.0"})
+    report = doctor.diagnose_environment(
+        connect=lambda tpu: {"strategy": "_DefaultDistributionStrategy", "replicas": 1},
+        import_module=lambda name: object(),
+        **FAKE_MACHINE,
+    )
+    assert report["ok"] is False and report["accelerator"]["replicas"] == 1
+    assert levels(report) == [
+        ("ok", "tensorflow"),
+        ("fail", "keras"),
+        ("ok", "accelerator"),
+    ]
 
 
 # ---- the real thing, on this CPU machine --------------------------------------------------------------------------

@@ -1,7 +1,10 @@
 """Which TensorFlow / libtpu / Keras / Python combinations tpukit knows, and where each row's knowledge comes from.
 
 One table, read by setup.cfg's extras (by hand: `tests/environment/test_install.py` resolves the extras with pip and fails if
-they drift from it), by `tpukit.compat` (the accepted TensorFlow range) and by `python -m tpukit.doctor`.
+they drift from it), by the TensorFlow engine's `compat` (the accepted TensorFlow and Keras ranges, checked when the
+engine is first used) and by `python -m tpukit.doctor`, which reads installed versions from package metadata and so
+works where TensorFlow is missing or broken. `tensorflow_install_command` and `keras_install_command` are the fixes
+both print.
 
 Nothing here has run on a TPU under tpukit. A TPU row says what an upstream source documents; a CPU row says what
 tpukit's own fast suite passed on (`.ci/tf_matrix.sh`, on CPU, with `pip install ".[tensorflow,test]"`).
@@ -131,3 +134,25 @@ MAX_TF_EXCLUSIVE = (
     max(minor(c.tensorflow) for c in COMBINATIONS)[0],
     max(minor(c.tensorflow) for c in COMBINATIONS)[1] + 1,
 )
+
+# The Keras minors tpukit was tested with, [low, high): the TensorFlow engine patches private Keras internals
+# (trainer._should_eval, _maybe_symbolic_build, keras.src.tree, TensorBoard._log_epoch_metrics, ...), which
+# another minor may change. The suite runs on 3.15.1 with TF 2.19.1, 2.20.0 and 2.21.0 (.ci/tf_matrix.sh).
+# setup.cfg's install_requires declares the same range (tests/engines/tensorflow/test_compat.py checks it).
+KERAS_TESTED = ((3, 15), (3, 16))
+
+
+def _dotted(version: tuple[int, int]) -> str:
+    return ".".join(map(str, version))
+
+
+def tensorflow_install_command() -> str:
+    """The pip command that installs a CPU/GPU TensorFlow in tpukit's range, e.g.
+    `pip install "tensorflow>=2.19,<2.22"` (a TPU VM needs `pinned_tpu().install_command()` instead)."""
+    return f'pip install "tensorflow>={_dotted(MIN_TF)},<{_dotted(MAX_TF_EXCLUSIVE)}"'
+
+
+def keras_install_command() -> str:
+    """The pip command that installs a Keras in `KERAS_TESTED`, e.g. `pip install "keras>=3.15,<3.16"`."""
+    low, high = KERAS_TESTED
+    return f'pip install "keras>={_dotted(low)},<{_dotted(high)}"'

@@ -4,17 +4,22 @@
     python -m tpukit.doctor --json       # the same as one JSON object, for machines
     python -m tpukit.doctor --tpu=local  # connect to this TPU the way tpukit.connect(tpu=...) would
 
-Four steps, each an importable function tested against faked environments (tests/tools/test_doctor.py):
+The steps, each an importable function tested against faked environments (tests/tools/test_doctor.py):
 
 1. `detect_runtime`: Colab / Kaggle / Cloud TPU VM / GKE, a pod slice (several TPU hosts), a remote TPU Node,
    GPU or CPU, from environment variables, device files and PCI ids; nothing is initialized.
 2. `check_versions`: tensorflow / tensorflow-tpu / libtpu / keras / jax / TFDS metadata, read with
-   importlib.metadata (no import), against `tpukit.versions`; a bad combination gets the exact install command
-   and "then restart the runtime".
-3. `check_accelerator`: connects the way `tpukit.connect` does (tpu="local" on TPU VMs, $TPU_NAME,
+   importlib.metadata (no import), against `tpukit.environment.versions`; a bad combination gets the exact install
+   command and "then restart the runtime".
+3. `check_import`: imports TensorFlow, when its version passed; a TensorFlow that is installed but does not import
+   (a half-removed install, a protobuf or NumPy it was not built for) is a finding with the fix.
+4. `check_accelerator`: connects the way `tpukit.connect` does (tpu="local" on TPU VMs, $TPU_NAME,
    $COLAB_TPU_ADDR) and reports the strategy, replica count and TPU topology; a failure carries the cause and fix
-   from `tpukit.diagnose`.
-4. `main`: prints the report and exits 0 when nothing failed, 1 otherwise (2 for bad flags).
+   from `tpukit.environment.diagnose`. Skipped, and reported as skipped, when TensorFlow failed step 2 or 3.
+5. `main`: prints the report and exits 0 when nothing failed, 1 otherwise (2 for bad flags).
+
+Importing this module imports neither TensorFlow nor Keras, so the doctor runs where they are missing, broken or out
+of range: tests/tools/test_doctor_blocked_imports.py runs it in such environments.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import math
 import os
 import sys
 
-from tpukit.engines.tensorflow import compat, strategy
+from tpukit.engines.tensorflow import strategy
 from tpukit.environment import diagnose, versions
 
 RESTART = "then restart the runtime (Colab/Kaggle: Runtime > Restart session)"
@@ -48,7 +53,15 @@ DISTRIBUTIONS = (
 
 @dataclasses.dataclass
 class Finding:
-    """One line of the report: `level` is "ok", "warn" (can train, but read this) or "fail" (cannot train)."""
+    """One line of the report.
+
+    Attributes:
+        level: "ok", "warn" (can train, but read this), "fail" (cannot train) or "skip" (not checked; the message
+            says why, usually a failure above it).
+        topic: what was checked: a distribution ("tensorflow", "keras", ...) or "accelerator".
+        message: what was found, with the values received.
+        fix: the command or step that fixes it, or None.
+    """
 
     level: str
     topic: str
@@ -264,8 +277,7 @@ def _tpu_fix() -> str:
 
 
 def _cpu_fix() -> str:
-    low, high = (".".join(map(str, v)) for v in (versions.MIN_TF, versions.MAX_TF_EXCLUSIVE))
-    return f'`pip install "tensorflow>={low},<{high}"`, {RESTART}'
+    return f"`{versions.tensorflow_install_command()}`, {RESTART}"
 
 
 def _check_tensorflow(runtime: Runtime, installed: dict[str, str | None]) -> list[Finding]:
@@ -404,18 +416,25 @@ def _check_other_build(runtime: Runtime, installed: dict[str, str | None]) -> li
 def _check_keras(installed: dict[str, str | None]) -> list[Finding]:
     findings = []
     keras_version = installed.get("keras")
-    low, high = (".".join(map(str, v)) for v in compat.KERAS_TESTED)
-    if (
-        not keras_version
-        or not compat.KERAS_TESTED[0] <= _version_tuple(keras_version) < compat.KERAS_TESTED[1]
-    ):
+    low, high = (".".join(map(str, v)) for v in versions.KERAS_TESTED)
+    fix = f"`{versions.keras_install_command()}`, {RESTART}"
+    if not keras_version:
+        findings.append(
+            Finding(
+                "fail",
+                "keras",
+                f"Keras is not installed; tpukit needs Keras >= {low} and < {high}.",
+                fix,
+            )
+        )
+    elif not versions.KERAS_TESTED[0] <= _version_tuple(keras_version) < versions.KERAS_TESTED[1]:
         findings.append(
             Finding(
                 "fail",
                 "keras",
                 f"tpukit was tested with Keras >= {low} and < {high} (it patches private Keras internals); "
                 f"installed: {keras_version}.",
-                f'`pip install "keras>={low},<{high}"`, {RESTART}',
+                fix,
             )
         )
     else:
@@ -466,6 +485,57 @@ def _check_jax(installed: dict[str, str | None], jax_requires: list[str] | None)
                 )
             )
     return findings
+
+
+def _reinstall_fix(installed: dict[str, str | None]) -> str:
+    """Reinstalls the installed TensorFlow build, with its dependencies, at the same version."""
+    tf_tpu = installed.get("tensorflow-tpu")
+    row = versions.find("tensorflow-tpu", tf_tpu, installed.get("libtpu")) if tf_tpu else None
+    if row is not None:
+        command = row.install_command()
+    else:
+        dist = (
+            "tensorflow-tpu"
+            if tf_tpu
+            else ("tensorflow" if installed.get("tensorflow") else "tensorflow-cpu")
+        )
+        version = tf_tpu or installed.get("tensorflow") or installed.get("tensorflow-cpu")
+        command = f'pip install "{dist}=={version}"'
+    return f"`{command} --force-reinstall`, {RESTART}"
+
+
+def check_import(
+    installed: dict[str, str | None], import_module=importlib.import_module
+) -> list[Finding]:
+    """Imports TensorFlow, which package metadata says is installed; a failure is a finding, never a traceback.
+
+    A TensorFlow whose metadata is present may still fail to import: files removed by another install, or a
+    protobuf or NumPy it was not built for (each raises its own exception type, hence the broad catch).
+
+    Args:
+        installed: {distribution: version or None}, see `installed_versions`.
+        import_module: `name -> module`; tests pass one that raises.
+
+    Returns:
+        [] when TensorFlow imports, else one "fail" finding with the error, its known cause if any, and the fix.
+    """
+    try:
+        import_module("tensorflow")
+    except Exception as error:  # noqa: BLE001 - ImportError, TypeError (protobuf), AttributeError (NumPy), ...
+        version = (
+            installed.get("tensorflow-tpu")
+            or installed.get("tensorflow")
+            or installed.get("tensorflow-cpu")
+        )
+        message = (
+            f"tensorflow {version} is installed but `import tensorflow` failed: "
+            f"{type(error).__name__}: {str(error)[:600]}"
+        )
+        explanation = diagnose.explain(error)
+        if explanation:
+            message += f" {explanation}"
+        return [Finding("fail", "tensorflow", message, _reinstall_fix(installed))]
+    return []
 
 
 def _default_connect(tpu: str | None):
@@ -570,8 +640,24 @@ def check_accelerator(
     return details, findings
 
 
-def diagnose_environment(tpu: str | None = None, connect=_default_connect, **detect_kwargs) -> dict:
-    """The whole report as a JSON-ready dict: runtime, versions, accelerator, findings and `ok`."""
+def _tensorflow_failed(findings: list[Finding]) -> bool:
+    return any(f.level == "fail" and f.topic == "tensorflow" for f in findings)
+
+
+def diagnose_environment(
+    tpu: str | None = None,
+    connect=_default_connect,
+    import_module=importlib.import_module,
+    **detect_kwargs,
+) -> dict:
+    """The whole report as a JSON-ready dict: runtime, versions, accelerator, findings and `ok`.
+
+    Args:
+        tpu: as `check_accelerator`'s.
+        connect: as `check_accelerator`'s.
+        import_module: as `check_import`'s.
+        **detect_kwargs: passed to `detect_runtime` (tests fake the machine with them).
+    """
     runtime = detect_runtime(**detect_kwargs)
     installed = installed_versions()
     try:
@@ -583,8 +669,19 @@ def diagnose_environment(tpu: str | None = None, connect=_default_connect, **det
     )
     tf_requires = importlib.metadata.requires(tf_dist) if tf_dist else None
     findings = check_versions(runtime, installed, jax_requires, tf_requires)
+    if not _tensorflow_failed(findings):
+        findings += check_import(installed, import_module)
     accelerator: dict = {}
-    if not any(f.level == "fail" and f.topic == "tensorflow" for f in findings):
+    if _tensorflow_failed(findings):
+        findings.append(
+            Finding(
+                "skip",
+                "accelerator",
+                "not checked: connecting needs a TensorFlow that tpukit supports and that imports (see the "
+                "[FAIL] tensorflow line above).",
+            )
+        )
+    else:
         accelerator, more = check_accelerator(runtime, tpu, connect)
         findings += more
     return {
@@ -628,6 +725,14 @@ def format_report(report: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Runs the doctor and prints its report.
+
+    Args:
+        argv: the command-line arguments (default: sys.argv[1:]).
+
+    Returns:
+        0 when this environment can train, 1 when a check failed (argparse exits with 2 for bad flags).
+    """
     parser = argparse.ArgumentParser(
         prog="python -m tpukit.doctor", description=__doc__.split("\n\n")[0]
     )

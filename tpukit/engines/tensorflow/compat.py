@@ -11,13 +11,8 @@ from __future__ import annotations
 
 import os
 
-from tpukit.environment import backend
-from tpukit.environment.versions import MAX_TF_EXCLUSIVE, MIN_TF
-
-
-def _version_tuple(version: str) -> tuple[int, int]:
-    parts = version.split(".")
-    return int(parts[0]), int(parts[1])
+from tpukit.environment import backend, versions
+from tpukit.environment.versions import KERAS_TESTED, MAX_TF_EXCLUSIVE, MIN_TF
 
 
 def check_tensorflow() -> str:
@@ -28,27 +23,24 @@ def check_tensorflow() -> str:
     except ImportError as error:  # pragma: no cover - exercised only without TensorFlow installed
         raise ImportError(
             "tpukit needs TensorFlow, which is an extra so that TPU hosts keep their own build. Fix: "
-            "`pip install 'tpukit[tensorflow]'` on CPU/GPU, or `pip install 'tpukit[tpu]'` on a TPU VM "
-            f"(received: {error})."
+            '`pip install "tpukit[tensorflow]"` on CPU/GPU, or `pip install "tpukit[tpu]"` on a TPU VM '
+            f"(received: {error}); `python -m tpukit.doctor` says which this machine needs."
         ) from error
     version = tf.__version__
     low = ".".join(map(str, MIN_TF))
     high = ".".join(map(str, MAX_TF_EXCLUSIVE))
-    if not (MIN_TF <= _version_tuple(version) < MAX_TF_EXCLUSIVE):
+    if not (MIN_TF <= versions.minor(version) < MAX_TF_EXCLUSIVE):
         raise ImportError(
             f"tpukit supports TensorFlow >= {low} and < {high}; received tensorflow {version}. Fix: "
-            f"`pip install 'tensorflow>={low},<{high}'` on CPU/GPU, or on a TPU VM the build in tpukit/environment/versions.py "
-            "(`python -m tpukit.doctor` prints the command), then restart the runtime."
+            f"`{versions.tensorflow_install_command()}` on CPU/GPU, or on a TPU VM the build in "
+            "tpukit/environment/versions.py (`python -m tpukit.doctor` prints the command), then restart the runtime."
         )
     check_keras()
     return version
 
 
-# tpukit patches private Keras internals (trainer._should_eval, _maybe_symbolic_build, _autoconvert_optionals,
-# keras.src.tree, TensorBoard._log_epoch_metrics; see loop.py, trainer.py, callbacks.py). They were tested with these
-# Keras minors only (the suite on 3.15.1, with TF 2.19.1, 2.20.0 and 2.21.0: .ci/tf_matrix.sh). setup.cfg declares
-# the same range.
-KERAS_TESTED = ((3, 15), (3, 16))  # [low, high)
+# KERAS_TESTED (imported above, and used from here as compat.KERAS_TESTED) lives in tpukit.environment.versions,
+# beside the TensorFlow range, so the doctor reads it without importing this engine.
 ALLOW_UNTESTED_KERAS = "TPUKIT_ALLOW_UNTESTED_KERAS"
 
 
@@ -56,15 +48,20 @@ def check_keras() -> str:
     """Returns Keras' version; raises ImportError outside `KERAS_TESTED` unless $TPUKIT_ALLOW_UNTESTED_KERAS=1."""
     import logging
 
-    import keras
-
+    try:
+        import keras
+    except ImportError as error:
+        raise ImportError(
+            f"tpukit needs Keras 3 (received: {error}). Fix: `{versions.keras_install_command()}` and restart the "
+            "runtime."
+        ) from error
     version = keras.__version__
     low, high = (".".join(map(str, v)) for v in KERAS_TESTED)
-    if KERAS_TESTED[0] <= _version_tuple(version) < KERAS_TESTED[1]:
+    if KERAS_TESTED[0] <= versions.minor(version) < KERAS_TESTED[1]:
         return version
     message = (
         f"tpukit was tested with Keras >= {low} and < {high} (it patches private Keras internals); received keras "
-        f"{version}. Fix: `pip install 'keras>={low},<{high}'` and restart the runtime"
+        f"{version}. Fix: `{versions.keras_install_command()}` and restart the runtime"
     )
     if os.environ.get(ALLOW_UNTESTED_KERAS) == "1":
         logging.getLogger("tpukit").warning(
@@ -72,5 +69,3 @@ def check_keras() -> str:
         )
         return version
     raise ImportError(f"{message}, or set {ALLOW_UNTESTED_KERAS}=1 to try it anyway.")
-
-
