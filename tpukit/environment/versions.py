@@ -128,7 +128,7 @@ def minor(version: str) -> tuple[int, int]:
     return int(parts[0]), int("".join(ch for ch in parts[1] if ch.isdigit()) or 0)
 
 
-# The TensorFlow range tpukit accepts at import (tpukit.compat) and declares in setup.cfg: every row's minor.
+# The TensorFlow range tpukit accepts when the engine is first used (tpukit.engines.tensorflow.compat) and declares in setup.cfg: every row's minor.
 MIN_TF = min(minor(c.tensorflow) for c in COMBINATIONS)
 MAX_TF_EXCLUSIVE = (
     max(minor(c.tensorflow) for c in COMBINATIONS)[0],

@@ -244,7 +244,7 @@ def check_versions(
     tf_requires: list[str] | None = None,
     version_of=None,
 ) -> list[Finding]:
-    """Checks the installed distributions against `tpukit.versions` for this runtime.
+    """Checks the installed distributions against `tpukit.environment.versions` for this runtime.
 
     Args:
         runtime: from `detect_runtime`.
