@@ -1,6 +1,8 @@
-"""tpukit/notebook/colab.py, the notebooks' install cell: runtime detection, the pip plan per runtime, and the restart guard.
+"""tpukit/notebook/colab.py, the notebooks' install cell: the "already installed" decision, runtime detection, the pip
+plan per runtime, and the restart guard.
 
-The guard is checked with a fake pip (exact commands, raise or not) and, against PyPI, with pip's real dry-run
+The decision is checked on fake distributions and on this environment (tpukit installed, TensorFlow in range: the
+cell installs nothing). The guard is checked with a fake pip (exact commands, raise or not) and, against PyPI, with pip's real dry-run
 resolution for the TPU and the CPU branch from this checkout (nothing is installed; skipped only when pypi.org is
 unreachable). Neither proves an install on a real Colab TPU runtime (none here).
 """
@@ -82,9 +84,11 @@ def test_install_plan_errors_name_the_value_and_the_fix():
 
 
 class FakeDist:
-    def __init__(self, version, direct_url=None, files=(), root="/site", top_level=None):
+    def __init__(
+        self, version, direct_url=None, files=(), root="/site", top_level=None, requires=None
+    ):
         self.version, self._direct, self.files, self._root = version, direct_url, list(files), root
-        self._top = top_level
+        self._top, self.requires = top_level, requires
 
     def read_text(self, name):
         if name == "direct_url.json":
@@ -97,6 +101,191 @@ class FakeDist:
 
 def item(name, version, **extra):
     return {"metadata": {"name": name, "version": version}, **extra}
+
+
+@pytest.mark.parametrize(
+    "version, specifier, expected",
+    [
+        ("2.21.0", "<2.22,>=2.19", True),
+        ("2.22.0", "<2.22,>=2.19", False),
+        ("2.18.1", "<2.22,>=2.19", False),
+        ("2.19", ">=2.19.0", True),  # missing release parts are zeros
+        ("2.19.1", "==2.19.1", True),
+        ("2.19.0", "==2.19.1", False),
+        ("2.19.1rc0", "==2.19.*", True),
+        ("2.20.1", "!=2.20.*", False),
+        ("3.15.1", "~=3.15.0", True),
+        ("3.16.0", "~=3.15.0", False),
+        ("3.16", "~=3.15", True),
+        ("1.0", "", True),  # no specifier: any version
+        ("1.0", ">=1.0 and more", False),  # unreadable: unmet, so the install runs as before
+    ],
+)
+def test_satisfies(version, specifier, expected):
+    """Agrees with `packaging` (what pip uses) on every specifier packaging can read."""
+    assert colab.satisfies(version, specifier) is expected
+    if "and" not in specifier:
+        assert SpecifierSet(specifier).contains(version, prereleases=True) is expected
+
+
+TPUKIT_REQUIRES = [
+    "keras<3.16,>=3.15",
+    "numpy>=1.26",
+    'tensorflow<2.22,>=2.19; extra == "tensorflow"',
+    'tensorflow-tpu==2.19.1; extra == "tpu"',
+    'libtpu==0.0.10; extra == "tpu"',
+    'pytest>=7; extra == "test"',
+    'tomli; python_version < "3.11"',  # judged by pip when it installed tpukit
+]
+
+
+def environment(**versions):
+    """Fake `installed_distributions()`: tpukit 0.1.0 with TPUKIT_REQUIRES, and `name=version` pairs."""
+    found = {"tpukit": FakeDist("0.1.0", requires=TPUKIT_REQUIRES)}
+    found.update({name.replace("_", "-"): FakeDist(v) for name, v in versions.items() if v})
+    return found
+
+
+GOOD = {"keras": "3.15.1", "numpy": "2.1.0", "tensorflow": "2.21.0"}
+
+
+@pytest.mark.parametrize(
+    "runtime, versions, compatible, why",
+    [
+        (
+            "cpu",
+            GOOD,
+            True,
+            "tpukit 0.1.0 is already installed with what this CPU runtime needs "
+            "(tensorflow 2.21.0, keras 3.15.1)",
+        ),
+        ("gpu", GOOD, True, "GPU runtime needs"),
+        (
+            "cpu",
+            {**GOOD, "tensorflow": None},
+            False,
+            "not for this CPU runtime: tensorflow<2.22,>=2.19 (installed: none)",
+        ),
+        (
+            "cpu",
+            {**GOOD, "tensorflow": "2.18.0"},
+            False,
+            "tensorflow<2.22,>=2.19 (installed: 2.18.0)",
+        ),
+        ("cpu", {**GOOD, "keras": "3.16.0"}, False, "keras<3.16,>=3.15 (installed: 3.16.0)"),
+        (
+            "tpu",
+            GOOD,
+            False,
+            "tensorflow-tpu==2.19.1 (installed: none); libtpu==0.0.10 (installed: "
+            "none); tensorflow 2.21.0 (a CPU wheel)",
+        ),
+        (
+            "tpu",
+            {**GOOD, "tensorflow": None, "tensorflow_tpu": "2.19.1", "libtpu": "0.0.10"},
+            True,
+            "TPU runtime needs (tensorflow-tpu 2.19.1, libtpu 0.0.10, keras 3.15.1)",
+        ),
+        (
+            "tpu",
+            {**GOOD, "tensorflow_tpu": "2.19.1", "libtpu": "0.0.10"},
+            False,
+            "tensorflow 2.21.0 (a CPU wheel)",
+        ),  # it would shadow the TPU build
+    ],
+)
+def test_installed_tpukit_is_compatible_exactly_when_its_requirements_for_the_runtime_are_met(
+    runtime, versions, compatible, why
+):
+    result = colab.installed_tpukit(runtime, environment(**versions), importable=True)
+    assert result[0] is compatible and why in result[1], result
+
+
+def test_installed_tpukit_not_installed_not_importable_or_too_old():
+    assert colab.installed_tpukit("cpu", {}, importable=True) == (False, None)
+    assert colab.installed_tpukit("cpu", environment(**GOOD), importable=False) == (False, None)
+    old = {**environment(**GOOD), "tpukit": FakeDist("0.0.9", requires=TPUKIT_REQUIRES)}
+    assert colab.installed_tpukit("cpu", old, importable=True) == (
+        False,
+        "tpukit 0.0.9 is installed, older than the 0.1.0 these notebooks need",
+    )
+
+
+def test_the_notebooks_need_at_most_this_tpukit_and_its_extras_exist():
+    here = importlib.metadata.distribution("tpukit")
+    assert colab.release(colab.TPUKIT_MIN_VERSION) <= colab.release(here.version)
+    assert set(colab.EXTRAS.values()) <= set(here.metadata.get_all("Provides-Extra"))
+    assert set(colab.EXTRAS) == {"tpu", "gpu", "cpu"}
+
+
+def _no_pip(command, **kwargs):
+    raise AssertionError(f"pip was run: {command}")
+
+
+def test_install_cell_installs_nothing_here_and_says_so_in_one_line(capsys):
+    """This environment has tpukit (editable) with TensorFlow and Keras in its range: the cell must not touch pip."""
+    assert colab.install_tpukit(GIT, runtime="cpu", run=_no_pip) == []
+    assert (
+        colab.install_tpukit("", dry_run=True, runtime="gpu", run=_no_pip) == []
+    )  # no source needed
+    lines = capsys.readouterr().out.splitlines()
+    version, tf_version = (
+        importlib.metadata.version("tpukit"),
+        importlib.metadata.version("tensorflow"),
+    )
+    assert lines[0] == (
+        f"tpukit install: tpukit {version} is already installed with what this CPU runtime needs "
+        f"(tensorflow {tf_version}, keras {importlib.metadata.version('keras')}); installing nothing "
+        "(to install TPUKIT_SOURCE anyway: install_tpukit(TPUKIT_SOURCE, force=True))."
+    )
+    assert len(lines) == 2 and "GPU runtime" in lines[1]
+
+
+def test_install_cell_runs_the_plan_when_tpukit_is_missing_incompatible_or_forced(capsys):
+    requirement = f"tpukit[tensorflow] @ {GIT}"
+    cases = [
+        ({"keras": FakeDist("3.15.1")}, False, None),  # not installed: the plan, as before
+        (
+            environment(**{**GOOD, "tensorflow": "2.18.0"}),
+            False,
+            "tensorflow<2.22,>=2.19 (installed",
+        ),
+        (environment(**GOOD), True, "is already installed"),
+    ]
+    for installed, force, why in cases:
+        calls = []
+        report = {"install": [item("tpukit", "0.1.0", is_direct=True)]}
+        run = fake_pip(report, calls)
+        assert (
+            colab.install_tpukit(GIT, runtime="cpu", run=run, force=force, installed=installed)
+            == []
+        )
+        out = capsys.readouterr().out
+        assert calls[0][:3] == ["install", "--dry-run", "--report"] and calls[0][-1] == requirement
+        assert calls[1] == ["install", "--quiet", "--disable-pip-version-check", requirement]
+        assert f"tpukit install: CPU runtime -> pip install '{requirement}'" in out
+        assert "installing nothing" not in out
+        first = out.splitlines()[0]
+        if why is None:
+            assert first.startswith("tpukit install: CPU runtime -> pip install"), out
+        elif force:
+            assert why in first and first.endswith("; force=True: installing anyway."), out
+        else:
+            assert first.startswith(
+                "tpukit install: tpukit 0.1.0 is installed, but not for this CPU"
+            )
+            assert why in first and first.endswith("; installing."), out
+    calls = []  # a TPU runtime without the TPU build: the TPU plan, with the CPU wheel removed first
+    run = fake_pip({"install": []}, calls)
+    colab.install_tpukit(GIT, runtime="tpu", run=run, installed=environment(**GOOD))
+    assert calls[0][-3:] == [f"tpukit[tpu] @ {GIT}", *colab.TPU_PINS]
+    assert calls[1] == [
+        "uninstall",
+        "--yes",
+        "--quiet",
+        "--disable-pip-version-check",
+        "tensorflow",
+    ]
 
 
 def test_changes_count_only_a_different_build_of_an_installed_distribution():
@@ -199,7 +388,7 @@ def test_install_raises_restart_exactly_when_a_loaded_distribution_changes(capsy
     calls = []
     report = {"install": [item("keras", "3.10.0"), item("tpukit", "0.1.0", is_direct=True)]}
     with pytest.raises(colab.RestartRuntime) as raised:
-        colab.install_tpukit(GIT, runtime="cpu", run=fake_pip(report, calls))
+        colab.install_tpukit(GIT, runtime="cpu", run=fake_pip(report, calls), force=True)
     message = str(raised.value)
     assert message.startswith("Restart the runtime now (Runtime > Restart session")
     assert (
@@ -218,13 +407,15 @@ def test_install_raises_restart_exactly_when_a_loaded_distribution_changes(capsy
     name = _not_loaded_distribution()
     calls.clear()
     report = {"install": [item(name, "0.0.1")]}
-    assert colab.install_tpukit(GIT, runtime="cpu", run=fake_pip(report, calls)) == []
+    assert colab.install_tpukit(GIT, runtime="cpu", run=fake_pip(report, calls), force=True) == []
     assert "no restart needed" in capsys.readouterr().out
     assert len(calls) == 2
 
     calls.clear()  # a dry run installs nothing and raises nothing, but says what a real install would need
     report = {"install": [item("keras", "3.10.0")]}
-    reasons = colab.install_tpukit(GIT, runtime="cpu", dry_run=True, run=fake_pip(report, calls))
+    reasons = colab.install_tpukit(
+        GIT, runtime="cpu", dry_run=True, run=fake_pip(report, calls), force=True
+    )
     assert len(calls) == 1 and reasons and reasons[0].startswith(f"keras {keras_version}")
     assert "a real install would need a restart" in capsys.readouterr().out
 
@@ -246,6 +437,7 @@ def test_the_cell_is_the_module_block_and_runs_standalone(tmp_path):
     assert cell.endswith("install_tpukit(TPUKIT_SOURCE, dry_run=INSTALL_DRY_RUN);\n")
     script = cell.replace(colab.CELL_CALL, "") + (
         f"print(install_plan('tpu', {GIT!r}, {{}}, (3, 11))[1])\nprint(detect_runtime({{}}, [], False))\n"
+        "print(installed_tpukit('cpu', installed_distributions())[0], 'tpukit' in sys.modules)\n"
     )
     result = subprocess.run(
         [sys.executable, "-I", "-c", script], capture_output=True, text=True, timeout=60
@@ -254,6 +446,7 @@ def test_the_cell_is_the_module_block_and_runs_standalone(tmp_path):
     assert result.stdout.splitlines() == [
         f"['tpukit[tpu] @ {GIT}', 'tensorflow-tpu==2.19.1', 'libtpu==0.0.10']",
         "cpu",
+        "True False",  # tpukit is installed here, and the decision imported none of it
     ]
 
 
@@ -264,6 +457,7 @@ def _pypi() -> None:
         pytest.skip("pypi.org:443 is unreachable: the dry-run resolution needs the package index")
 
 
+@pytest.mark.network  # pip resolves against PyPI (~5-15 s)
 def test_dry_run_tpu_branch_resolves_the_pinned_pair_and_needs_a_restart_here(capsys):
     """This process imported the CPU TensorFlow: the TPU branch uninstalls it, so a restart is needed."""
     _pypi()
@@ -279,10 +473,11 @@ def test_dry_run_tpu_branch_resolves_the_pinned_pair_and_needs_a_restart_here(ca
     )
 
 
+@pytest.mark.network  # pip resolves against PyPI (~5-15 s)
 def test_dry_run_cpu_branch_keeps_the_imported_tensorflow_and_keras(capsys):
     """TensorFlow 2.21 is in tpukit's range: pip keeps it, so importing it before the cell needs no restart."""
     _pypi()
-    reasons = colab.install_tpukit(REPO, dry_run=True, runtime="cpu")
+    reasons = colab.install_tpukit(REPO, dry_run=True, runtime="cpu", force=True)
     out = capsys.readouterr().out
     assert f"pip install 'tpukit[tensorflow] @ file://{REPO}'" in out
     would = out.split("pip would install: ", 1)[1].splitlines()[0]

@@ -7,6 +7,11 @@ A notebook cannot import tpukit before installing it, so its install cell holds 
 cell to paste. The block uses the standard library only.
 
 What it does, in order:
+0. `installed_tpukit`: when a compatible tpukit is already importable (Jupyter in a clone with `pip install -e`, a
+   runtime where the user installed it, Colab after the restart this cell asked for), it installs nothing and says
+   so in one line. Compatible: the importable `tpukit` is at least `TPUKIT_MIN_VERSION` and every requirement it
+   declares for this runtime (its own and those of the extra below) is met, i.e. the install would change nothing
+   tpukit needs. Otherwise, or with `force=True`:
 1. `detect_runtime`: "tpu" (Colab/Kaggle TPU runtimes, Cloud TPU VMs), "gpu" or "cpu", from environment variables
    and device files, as `tpukit.engines.tensorflow.strategy.tpu_vm_present` and `tpukit.tools.doctor.detect_runtime` judge them.
 2. `install_plan`: TPU -> `tpukit[tpu]` plus the pinned row of `tpukit/environment/versions.py` (removing a CPU TensorFlow
@@ -22,9 +27,11 @@ What it does, in order:
 import glob
 import importlib
 import importlib.metadata
+import importlib.util
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import tempfile
@@ -36,6 +43,12 @@ TPU_PYTHONS = ((3, 10), (3, 12))
 # CPU/GPU wheels that write the same `tensorflow` module as tensorflow-tpu: removed before it is installed.
 CPU_TENSORFLOWS = ("tensorflow", "tensorflow-cpu")
 RESTART_HOW = "Runtime > Restart session (Kaggle: Run > Restart & clear cell outputs)"
+# The oldest tpukit the notebooks run on (the tpukit.notebook package, tpukit.load_model): an importable one at least
+# this new, with its requirements for this runtime met, is used as it is. tests/notebook/test_colab.py keeps it <=
+# the checkout's version.
+TPUKIT_MIN_VERSION = "0.1.0"
+# The tpukit extra each runtime installs (install_plan) and an installed tpukit must have met.
+EXTRAS = {"tpu": "tpu", "gpu": "tensorflow", "cpu": "tensorflow"}
 
 
 class RestartRuntime(RuntimeError):
@@ -130,6 +143,114 @@ def install_plan(runtime, source, installed, python=None):
     return [], [requirement(source, "tensorflow")]
 
 
+def release(version):
+    """The release numbers of a version, for comparing: '2.19.1rc0' -> (2, 19, 1) (pre, post, dev, local ignored)."""
+    match = re.match(r"\s*v?(\d+(?:\.\d+)*)", version)
+    return tuple(int(part) for part in match.group(1).split(".")) if match else ()
+
+
+def satisfies(version, specifier):
+    """Whether `version` meets a pip specifier such as '<2.22,>=2.19', compared by release numbers (enough for
+    tpukit's own requirements). A clause this cannot read counts as unmet: the install then runs as before."""
+    have = release(version)
+    for clause in filter(None, (c.strip() for c in specifier.split(","))):
+        match = re.fullmatch(r"(~=|===|==|!=|<=|>=|<|>)\s*(\S+)", clause)
+        if match is None:
+            return False
+        op, wanted = match.groups()
+        if op == "===":
+            ok = version.strip() == wanted
+        elif wanted.endswith(".*"):
+            prefix = release(wanted[:-2])
+            same = (have + (0,) * len(prefix))[: len(prefix)] == prefix
+            ok = op in ("==", "!=") and same == (op == "==")
+        else:
+            want = release(wanted)
+            size = max(len(have), len(want))
+            a, b = (v + (0,) * (size - len(v)) for v in (have, want))
+            compare = {
+                "==": a == b,
+                "!=": a != b,
+                "<=": a <= b,
+                ">=": a >= b,
+                "<": a < b,
+                ">": a > b,
+            }
+            compare["~="] = a >= b and a[: len(want) - 1] == b[: len(want) - 1]
+            ok = compare[op]
+        if not ok:
+            return False
+    return True
+
+
+def unmet_requirements(dist, extra, versions):
+    """The requirements `dist` declares (its own and `extra`'s) that no installed distribution meets.
+
+    Args:
+        versions: {normalized distribution name: version} of this environment.
+    A requirement under another environment marker (python_version, ...) was judged by pip when it installed `dist`.
+    """
+    unmet = []
+    for text in dist.requires or ():
+        spec, _, marker = text.partition(";")
+        extras = {normalize(e) for e in re.findall(r"extra\s*==\s*[\"']([^\"']+)[\"']", marker)}
+        if marker.strip() and normalize(extra) not in extras:
+            continue
+        match = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(\[[^\]]*\])?\s*(.*)", spec)
+        name, rest = normalize(match.group(1)), match.group(3).strip().strip("()").strip()
+        have = versions.get(name)
+        if have is None or not (rest.startswith("@") or satisfies(have, rest)):
+            unmet.append(f"{spec.strip()} (installed: {have or 'none'})")
+    return unmet
+
+
+def installed_tpukit(runtime, before, importable=None):
+    """(compatible, why): whether the tpukit already importable here can be used as it is; why is None when no
+    tpukit is installed.
+
+    Compatible means the install would change nothing tpukit needs: the tpukit module is importable, its distribution
+    is at least TPUKIT_MIN_VERSION, every requirement it declares for this runtime is met (its own, e.g. Keras in
+    its tested range, and its extra's: TensorFlow in its range on a GPU/CPU, the pinned tensorflow-tpu and libtpu
+    on a TPU) and, on a TPU, no CPU TensorFlow wheel shadows the TPU build.
+
+    Args:
+        before: `installed_distributions()`.
+        importable: whether the tpukit module can be found (default: `importlib.util.find_spec`, which imports nothing).
+    """
+    dist = before.get("tpukit")
+    if importable is None:
+        importable = importlib.util.find_spec("tpukit") is not None
+    if dist is None or not importable:
+        return False, None
+    versions = {name: d.version for name, d in before.items()}
+    if not satisfies(dist.version, ">=" + TPUKIT_MIN_VERSION):
+        return (
+            False,
+            f"tpukit {dist.version} is installed, older than the {TPUKIT_MIN_VERSION} these notebooks need",
+        )
+    unmet = unmet_requirements(dist, EXTRAS[runtime], versions)
+    if runtime == "tpu":
+        unmet += [
+            f"{name} {versions[name]} (a CPU wheel)"
+            for name in CPU_TENSORFLOWS
+            if versions.get(name)
+        ]
+    if unmet:
+        return (
+            False,
+            f"tpukit {dist.version} is installed, but not for this {runtime.upper()} runtime: "
+            + "; ".join(unmet),
+        )
+    key = [
+        name for name in ("tensorflow", "tensorflow-tpu", "libtpu", "keras") if versions.get(name)
+    ]
+    found = ", ".join(f"{name} {versions[name]}" for name in key)
+    return (
+        True,
+        f"tpukit {dist.version} is already installed with what this {runtime.upper()} runtime needs ({found})",
+    )
+
+
 def installed_distributions():
     """{normalized name: importlib.metadata.Distribution} of this environment (the first on sys.path wins)."""
     found = {}
@@ -219,8 +340,17 @@ def pip(args, run=subprocess.run):
     return result
 
 
-def install_tpukit(source, dry_run=False, runtime=None, pip_options=(), run=subprocess.run):
-    """Installs tpukit and the TensorFlow for this runtime; raises `RestartRuntime` exactly when a restart is needed.
+def install_tpukit(
+    source,
+    dry_run=False,
+    runtime=None,
+    pip_options=(),
+    run=subprocess.run,
+    force=False,
+    installed=None,
+):
+    """Installs tpukit and the TensorFlow for this runtime, unless a compatible tpukit is already importable;
+    raises `RestartRuntime` exactly when a restart is needed.
 
     Args:
         source: a git URL (git+https://github.com/ORG/tpukit.git), a wheel URL, or a local wheel or checkout.
@@ -228,12 +358,25 @@ def install_tpukit(source, dry_run=False, runtime=None, pip_options=(), run=subp
         runtime: "tpu", "gpu" or "cpu" (default: `detect_runtime()`).
         pip_options: extra pip options, e.g. ["--no-cache-dir"].
         run: `subprocess.run` (tests pass a fake).
+        force: install from `source` even when a compatible tpukit is already importable.
+        installed: `installed_distributions()` (tests pass fakes).
 
     Returns:
         The restart reasons (empty when none): in a dry run, those a real install would raise.
     """
     runtime = runtime or detect_runtime()
-    before = installed_distributions()
+    before = installed_distributions() if installed is None else installed
+    compatible, why = installed_tpukit(runtime, before)
+    if compatible and not force:
+        print(
+            f"tpukit install: {why}; installing nothing "
+            "(to install TPUKIT_SOURCE anyway: install_tpukit(TPUKIT_SOURCE, force=True))."
+        )
+        return []
+    if why:
+        print(
+            f"tpukit install: {why}; {'force=True: installing anyway' if compatible else 'installing'}."
+        )
     remove, requirements = install_plan(runtime, source, {n: d.version for n, d in before.items()})
     print(
         f"tpukit install: {runtime.upper()} runtime -> pip install {' '.join(repr(r) for r in requirements)}"
@@ -284,7 +427,9 @@ def install_tpukit(source, dry_run=False, runtime=None, pip_options=(), run=subp
 CELL_HEADER = """\
 #@title Install tpukit for this runtime { display-mode: "form" }
 # The code is tpukit/notebook/colab.py's install block, verbatim (tests/notebook/test_notebooks.py keeps them equal).
-# TPU runtime -> tpukit[tpu] + tensorflow-tpu/libtpu pinned in tpukit/environment/versions.py; GPU/CPU -> tpukit[tensorflow].
+# A compatible tpukit already importable here (a clone, a local Jupyter, this runtime after its restart) -> nothing.
+# Else TPU runtime -> tpukit[tpu] + tensorflow-tpu/libtpu pinned in tpukit/environment/versions.py; GPU/CPU ->
+# tpukit[tensorflow].
 # It stops "Run all" with "Restart the runtime" only when the install replaced a package this kernel imported.
 """
 CELL_CALL = "install_tpukit(TPUKIT_SOURCE, dry_run=INSTALL_DRY_RUN);\n"

@@ -13,8 +13,8 @@ import logging
 import os
 
 from tpukit.engines.tensorflow.checkpoint import newest_checkpoint_step
-from tpukit.runner import make_plan as plan
 from tpukit.recipe import Recipe, RecipeError, load_recipe
+from tpukit.runner import make_plan as plan
 
 logger = logging.getLogger("tpukit")
 

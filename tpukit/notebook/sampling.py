@@ -1,6 +1,6 @@
 """Text from a trained causal language model: greedy and temperature sampling, one token at a time.
 
-    model = keras.saving.load_model(metrics["exported"]["keras"])
+    model = tpukit.load_model(metrics["exported"]["keras"])
     print(tpukit.notebook.sampling.generate_text(model, "ROMEO:", num_tokens=200))                      # greedy
     print(tpukit.notebook.sampling.generate_text(model, "ROMEO:", 200, temperature=0.8, seed=0))        # sampled
 

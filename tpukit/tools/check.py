@@ -421,9 +421,9 @@ def precision_step_rule(context: _Context) -> tuple[Rule, Any, str]:
     import numpy as np
     import tensorflow as tf
 
-    from tpukit import planner as performance
     from tpukit import task
     from tpukit.engines.tensorflow import engine
+    from tpukit.planner import hardware as performance
 
     recipe = context.recipe
     policy = performance.choose_precision(recipe.runtime.precision, "tpu").value
@@ -619,7 +619,7 @@ def check(
         results["precision_step"], model, policy = precision_step_rule(context)
     if "memory" in wanted:
         if model is None:
-            from tpukit import planner as performance
+            from tpukit.planner import hardware as performance
 
             policy = performance.choose_precision(recipe.runtime.precision, "tpu").value
         results["memory"] = memory_check(context, model, policy)
