@@ -6,7 +6,9 @@ import socket
 import subprocess
 import sys
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/helpers.py -> the repository
+REPO = os.path.dirname(
+    os.path.dirname(os.path.abspath(__file__))
+)  # tests/helpers.py -> the repository
 RECIPES = os.path.join(REPO, "recipes")
 
 
@@ -22,6 +24,29 @@ def run_cli(
         env=env,
         timeout=timeout,
     )
+
+
+def train_in_process(*args: str, cwd: str | None = None) -> subprocess.CompletedProcess:
+    """`python -m tpukit.train ARGS` run in this process (flag parsing, the recipe, the plan, the exit status and
+    what it prints), for the cases where a subprocess would prove nothing more than its ~5 s TensorFlow start."""
+    import contextlib
+    import io
+
+    from tpukit import train
+
+    stdout, stderr = io.StringIO(), io.StringIO()
+    previous = os.getcwd()
+    os.chdir(cwd or REPO)
+    try:
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            try:
+                status = train.main(train.parse_flags(["tpukit.train", *args]))
+            except SystemExit as exit_:  # parse_flags: a flag absl refuses
+                status = exit_.code
+    finally:
+        train.FLAGS.unparse_flags()
+        os.chdir(previous)
+    return subprocess.CompletedProcess(args, status, stdout.getvalue(), stderr.getvalue())
 
 
 def digits_recipe(**overrides):

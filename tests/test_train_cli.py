@@ -1,11 +1,15 @@
-"""The README's main command, end to end in a subprocess: `python -m tpukit.train recipes/digits_cnn.yaml`."""
+"""The README's main command, end to end in a subprocess: `python -m tpukit.train recipes/digits_cnn.yaml`.
+
+The training run and its resume are real subprocesses (what a user types); the bad-input cases run the same
+`main` in this process (`train_in_process`): they stop before anything is built, so a subprocess would add only its
+TensorFlow start-up."""
 
 import glob
 import json
 import os
 
 import pytest
-from helpers import run_cli
+from helpers import run_cli, train_in_process
 
 FAST = [
     "--set",
@@ -106,7 +110,7 @@ def test_rerunning_the_same_command_resumes_instead_of_starting_over(trained):
 def test_bad_input_exits_2_with_a_message_and_leaves_outputs_intact(trained, args, expected):
     output_dir, _ = trained
     before = snapshot(output_dir)
-    result = run_cli("recipes/digits_cnn.yaml", "--output_dir", output_dir, *args)
+    result = train_in_process("recipes/digits_cnn.yaml", "--output_dir", output_dir, *args)
     assert result.returncode == 2
     assert "tpukit: error:" in result.stderr and expected in result.stderr
     assert "Traceback" not in result.stderr
@@ -114,7 +118,7 @@ def test_bad_input_exits_2_with_a_message_and_leaves_outputs_intact(trained, arg
 
 
 def test_missing_recipe_file_exits_2(tmp_path):
-    result = run_cli("recipes/nope.yaml", "--output_dir", str(tmp_path / "out"))
+    result = train_in_process("recipes/nope.yaml", "--output_dir", str(tmp_path / "out"))
     assert result.returncode == 2
     assert (
         "recipe 'recipes/nope.yaml' not found" in result.stderr and "Traceback" not in result.stderr
@@ -126,7 +130,7 @@ def test_a_recipe_that_is_not_utf8_exits_2(tmp_path):
     recipe = tmp_path / "latin1.yaml"
     with open("recipes/digits_cnn.yaml", "rb") as f:
         recipe.write_bytes("# r\u00e9sum\u00e9\n".encode("latin-1") + f.read())
-    result = run_cli(str(recipe), "--output_dir", str(tmp_path / "out"))
+    result = train_in_process(str(recipe), "--output_dir", str(tmp_path / "out"))
     assert result.returncode == 2
     assert f"tpukit: error: {recipe}: not UTF-8 text (byte 0xe9 at line 1" in result.stderr
     assert "Traceback" not in result.stderr and not os.path.exists(tmp_path / "out")
