@@ -4,7 +4,11 @@ import json
 import sys
 import textwrap
 
+import pytest
 from helpers import start_workers
+
+# Starts 2 worker processes on 127.0.0.1.
+pytestmark = pytest.mark.cluster
 
 NUM_IDS = 50
 

@@ -72,7 +72,7 @@ def assert_tfds_metadata_loads(resolved: dict[str, str]) -> None:
     )
 
 
-@pytest.mark.slow
+@pytest.mark.network
 def test_tpu_extra_resolves_to_the_pinned_row_of_the_version_table():
     resolved = resolve(".[tpu]")
     tensorflow_tpu, libtpu = resolved.get("tensorflow-tpu"), resolved.get("libtpu")
@@ -87,7 +87,7 @@ def test_tpu_extra_resolves_to_the_pinned_row_of_the_version_table():
     assert_tfds_metadata_loads(resolved)
 
 
-@pytest.mark.slow
+@pytest.mark.network
 @pytest.mark.parametrize(
     "tensorflow", [c.tensorflow for c in versions.COMBINATIONS if not c.is_tpu]
 )

@@ -13,6 +13,9 @@ import textwrap
 import pytest
 from helpers import start_workers
 
+# Every case starts 2-3 worker processes on 127.0.0.1 (a MultiWorkerMirroredStrategy cluster).
+pytestmark = pytest.mark.cluster
+
 WORKER = textwrap.dedent(
     """
     import json, os, sys

@@ -10,6 +10,9 @@ import pytest
 import tensorflow as tf
 from helpers import run_cli
 
+# Mounts a small tmpfs (root only; where mounting is refused the fixture skips and says why).
+pytestmark = pytest.mark.root
+
 
 @pytest.fixture
 def small_disk(tmp_path):
