@@ -102,8 +102,15 @@ def _train_and_evaluate(strategy, steps_per_execution, fix):
 
 
 def _python(code: str) -> subprocess.CompletedProcess:
-    """Runs `code` in a fresh interpreter with tests/ importable (conftest sets up the virtual CPUs)."""
-    env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="2")
+    """Runs `code` in a fresh interpreter with tests/ (conftest sets up the virtual CPUs) and this file's folder
+    importable."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(
+        os.environ,
+        KERAS_BACKEND="tensorflow",
+        TF_CPP_MIN_LOG_LEVEL="2",
+        PYTHONPATH=os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])),
+    )
     tests = os.path.join(REPO, "tests")
     return subprocess.run(
         [sys.executable, "-c", code],

@@ -10,6 +10,8 @@ import time
 
 import keras
 
+from tpukit.engines.tensorflow import keras_private
+
 
 def _step(model) -> int:
     return int(model.optimizer.iterations.numpy())
@@ -171,12 +173,12 @@ class ResumableModelCheckpoint(keras.callbacks.ModelCheckpoint):
             self.state.export_best.assign(self.best)
 
 
-class StepTensorBoard(keras.callbacks.TensorBoard):
+class StepTensorBoard(keras_private.tensorboard_at_step()):
     """Keras' TensorBoard with its epoch scalars at the optimizer step (Keras writes them at the epoch index), so
     they line up with `TrainingScalars` and stay right across resumes and any `steps_per_execution`."""
 
-    def _log_epoch_metrics(self, epoch, logs):
-        super()._log_epoch_metrics(_step(self.model), logs)
+    def epoch_summary_step(self, epoch: int) -> int:
+        return _step(self.model)
 
 
 def _exact_loss_name(logs: dict, prefix: str = "") -> str | None:

@@ -34,6 +34,8 @@ import platform
 import re
 import time
 
+from tpukit.engines.tensorflow import keras_private
+
 logger = logging.getLogger("tpukit")
 
 # bf16 peak FLOP/s per chip, from Google's Cloud TPU documentation (the "Peak compute per chip" row):
@@ -180,8 +182,6 @@ def forward_flops(model) -> int:
         ValueError: the model has no static input shapes, or its graph has ops whose FLOPs cannot be counted.
     """
     import tensorflow as tf
-    from tensorflow.python.profiler import model_analyzer, option_builder
-    from tensorflow.python.util import deprecation
 
     specs = _input_signature(model)
     if len(specs) == 1:
@@ -194,14 +194,8 @@ def forward_flops(model) -> int:
         raise ValueError(
             f"the traced model contains {nested} ops, whose bodies the profiler does not count"
         )
-    options = option_builder.ProfileOptionBuilder.float_operation()
-    options["output"] = "none"
-    options["account_type_regexes"] = [f"^{name}$" for name in _MATRIX_OP_TYPES]
-    with (
-        deprecation.silence()
-    ):  # the flops registry calls a TF1 shape helper that warns on every call
-        profile = model_analyzer.profile(graph=graph, options=options)
-    return int(profile.total_float_ops) + _einsum_flops(graph)
+    matrix_ops = [f"^{name}$" for name in _MATRIX_OP_TYPES]
+    return keras_private.profiled_float_ops(graph, matrix_ops) + _einsum_flops(graph)
 
 
 def model_flops_per_example(model) -> float | None:
@@ -307,7 +301,7 @@ def detect_device_kind(strategy_kind: str) -> str | None:
     if gpus:
         try:
             name = tf.config.experimental.get_device_details(gpus[0]).get("device_name")
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - details are optional: a GPU that cannot say is "unknown"
             name = None
         return f"GPU {name or 'unknown'}"
     return f"CPU {_cpu_model()} ({os.cpu_count()} logical cores)"

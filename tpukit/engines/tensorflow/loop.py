@@ -37,6 +37,8 @@ from __future__ import annotations
 import logging
 import types
 
+from tpukit.engines.tensorflow import keras_private
+
 logger = logging.getLogger("tpukit")
 
 
@@ -62,34 +64,6 @@ def _needs_loop(model) -> bool:
     )
 
 
-def _maybe_symbolic_build(self, iterator=None, data_batch=None):
-    """Keras' `_maybe_symbolic_build`, but shaped from one local replica's batch.
-
-    Keras 3.15 (backend/tensorflow/trainer.py, `_maybe_symbolic_build`) averages the first distributed batch with an
-    eager `strategy.reduce("MEAN", ...)` only to learn its shapes; across MultiWorkerMirroredStrategy workers that
-    reduce fails ("Attempt to convert a value (PerReplica...) to a Tensor"). One replica's batch has the same shape.
-    """
-    import tensorflow as tf
-    from keras.src import tree
-
-    if self._distribute_strategy is None:
-        return
-    if iterator is not None:
-        for _, _, it in iterator:
-            batch = next(it)
-            data_batch = tree.map_structure(
-                lambda v: (
-                    self.distribute_strategy.experimental_local_results(v)[0]
-                    if isinstance(v, tf.distribute.DistributedValues)
-                    else v
-                ),
-                batch,
-            )
-            break
-    with self.distribute_strategy.scope():
-        self._symbolic_build(data_batch=data_batch)
-
-
 def _multi_step_function(model, step_function, stock_function):
     """Runs up to `steps_per_execution` steps of `step_function` per call; returns the model's metric results.
 
@@ -104,11 +78,7 @@ def _multi_step_function(model, step_function, stock_function):
     strategy = model.distribute_strategy
     steps_per_execution = int(model.steps_per_execution)
     # Keras maps optional inputs (tf.experimental.Optional) to None before the step; keep that behaviour.
-    replica_step = (
-        model._autoconvert_optionals(step_function)
-        if hasattr(model, "_autoconvert_optionals")
-        else step_function
-    )
+    replica_step = keras_private.autoconvert_optionals(model, step_function)
 
     # No jit_compile here: one XLA cluster cannot hold MirroredStrategy's cross-replica update (see
     # performance.choose_jit_compile), and TPUStrategy compiles `strategy.run` itself. No autograph either, as in
@@ -208,8 +178,7 @@ def use_multi_step_loop(model, loop: str = "auto") -> bool:
     if getattr(model.make_train_function, "__func__", None) is not _make_train_function:
         model.make_train_function = types.MethodType(_make_train_function, model)
         model.make_test_function = types.MethodType(_make_test_function, model)
-        if hasattr(model, "_maybe_symbolic_build"):
-            model._maybe_symbolic_build = types.MethodType(_maybe_symbolic_build, model)
+        keras_private.build_from_one_replica_batch(model)
     # Functions Keras may have built already would bypass the new methods.
     model.train_function = None
     model.test_function = None
@@ -219,5 +188,3 @@ def use_multi_step_loop(model, loop: str = "auto") -> bool:
         model.distribute_strategy.num_replicas_in_sync,
     )
     return True
-
-

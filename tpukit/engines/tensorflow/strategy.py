@@ -23,7 +23,7 @@ import json
 import logging
 import os
 
-from tpukit.engines.tensorflow import compat
+from tpukit.engines.tensorflow import compat, keras_private
 from tpukit.environment import diagnose, versions
 
 logger = logging.getLogger("tpukit")
@@ -167,18 +167,17 @@ def tensorflow_has_tpu_support() -> bool:
     tensorflow-tpu 2.19.1 registers TPUExecute (even with no TPU attached), tensorflow 2.19.1-2.21 does not.
     Whether a `libtpu` module imports says nothing: Colab's TPU runtime has JAX's libtpu and no TensorFlow.
     """
+    registered = keras_private.tpu_kernels_registered()
+    if registered is not None:
+        return registered
+    # The private kernel registry moved: fall back to the distribution name.
+    import importlib.metadata as metadata
+
     try:
-        from tensorflow.python.framework import kernels
-
-        return bool(kernels.get_registered_kernels_for_op("TPUExecute").kernel)
-    except Exception:  # noqa: BLE001 - private API moved: fall back to the distribution name
-        import importlib.metadata as metadata
-
-        try:
-            metadata.distribution("tensorflow-tpu")
-            return True
-        except metadata.PackageNotFoundError:
-            return False
+        metadata.distribution("tensorflow-tpu")
+        return True
+    except metadata.PackageNotFoundError:
+        return False
 
 
 def tpu_api_client_missing() -> list[str]:
@@ -215,13 +214,8 @@ def _tpu_fix_hint(choice: Choice) -> str:
 
 def _initialized_tpu_systems() -> dict:
     """TensorFlow's own record of the TPU systems this process initialized (keyed like the resolver's tpu)."""
-    try:
-        from tensorflow.python.tpu import tpu_strategy_util
-
-        return tpu_strategy_util.get_initialized_tpu_systems()
-    except (ImportError, AttributeError):
-        # Private API: absent in some build, so rely on our cache alone.
-        return {}
+    # Private API: {} where a build lacks it, so this relies on our cache alone.
+    return keras_private.initialized_tpu_systems()
 
 
 def _needs_tpu_api(tpu: str | None) -> bool:

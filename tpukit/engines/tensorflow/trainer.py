@@ -33,7 +33,7 @@ import time
 import keras
 
 from tpukit.engines.tensorflow import checkpoint as checkpoint_lib
-from tpukit.engines.tensorflow import cluster
+from tpukit.engines.tensorflow import cluster, keras_private
 
 logger = logging.getLogger("tpukit")
 
@@ -167,9 +167,7 @@ class FreshValidationPass(keras.callbacks.Callback):
     validation stopped with StopIteration. Resetting at the end of each pass makes the next one start fresh."""
 
     def on_test_end(self, logs=None):
-        iterator = getattr(self.model, "_eval_epoch_iterator", None)
-        if iterator is not None:
-            iterator.reset()
+        keras_private.reset_eval_epoch_iterator(self.model)
 
 
 @dataclasses.dataclass
@@ -272,15 +270,11 @@ def _span(step: int, steps_per_epoch: int, epochs: int) -> dict:
 def _fit_segment(model, dataset, guard, span: dict, **fit_kwargs):
     """One `model.fit` call. After a SIGTERM or a NaN Keras would still run the epoch's validation before `fit`
     returns: on a preemptible VM that can outlast the notice, and on NaN weights it is wasted and pollutes the logs."""
-    keras_should_eval = type(model)._should_eval
-    model._should_eval = lambda epoch, freq: (
-        not guard.preempted and guard.diverged_at is None and keras_should_eval(model, epoch, freq)
-    )
-    try:
+    with keras_private.validation_only_while(
+        model, lambda: not guard.preempted and guard.diverged_at is None
+    ):
         # shuffle=False: the pipeline shuffles; Keras cannot shuffle a dataset.
         return model.fit(dataset, shuffle=False, **span, **fit_kwargs)
-    finally:
-        del model._should_eval  # back to Keras' method
 
 
 def _roll_back(checkpointer, diverged_at: int, rollbacks: int, max_nan_retries: int) -> None:
