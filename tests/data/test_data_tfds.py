@@ -101,3 +101,27 @@ def test_count_uses_split_info_and_defers_when_it_cannot_say():
     )  # mock_data: no split info, the run counts instead
     with pytest.raises(ValueError, match="unknown dataset name='no_such_dataset'"):
         data.tfds_dataset("train", None, name="no_such_dataset")
+
+
+@pytest.mark.parametrize("entry", ["tfds_dataset", "count", "scan"])
+def test_a_misspelled_name_is_an_unknown_dataset_with_tfds_suggestion(entry):
+    # The dataset is looked up before any data is read: no download, and the mock does not hide the name.
+    from tpukit.data import tfds as tfds_source
+
+    function = {
+        "tfds_dataset": lambda: data.tfds_dataset("train", None, name="mnsit"),
+        "count": lambda: tfds_source.count("train", name="mnsit"),
+        "scan": lambda: data.scan_corrupt("tfds", "train", {"name": "mnsit"}),
+    }[entry]
+    with pytest.raises(ValueError, match="unknown dataset") as caught:
+        function()
+    message = str(caught.value)
+    assert "tfds: unknown dataset name='mnsit' (did you mean 'mnist'?)" in message
+    # Examples of names, not TFDS's list of every dataset it has.
+    assert "cifar10" in message and "abstract_reasoning" not in message
+
+
+def test_an_unknown_name_without_a_close_match_has_no_suggestion():
+    with pytest.raises(ValueError, match="unknown dataset name='qqqqqqqqqqqqqqqq'") as caught:
+        data.tfds_dataset("train", None, name="qqqqqqqqqqqqqqqq")
+    assert "did you mean" not in str(caught.value)

@@ -18,6 +18,7 @@ naming the shard and record (`scan` reads the split's shards); `skip_corrupt=Tru
 from __future__ import annotations
 
 import logging
+import re
 
 import tensorflow as tf
 
@@ -33,16 +34,30 @@ def is_training_split(split: str) -> bool:
     return split.split("[")[0].strip() == "train"
 
 
-def _builder(name: str, data_dir: str | None, try_gcs: bool, download: bool):
+def _did_you_mean(error: Exception) -> str | None:
+    """The name TFDS suggests for an unknown one ("Did you mean: mnsit -> mnist ?" in its error), or None."""
+    match = re.search(r"Did you mean: \S+ -> (\S+) \?", str(error))
+    return match.group(1) if match else None
+
+
+def _find_builder(name: str, data_dir: str | None, try_gcs: bool):
+    """`tfds.builder(name)`; an unknown name raises ValueError "unknown dataset" with TFDS's suggestion (its own
+    message lists every dataset it has)."""
     import tensorflow_datasets as tfds
 
     try:
-        builder = tfds.builder(name, data_dir=data_dir, try_gcs=try_gcs)
+        return tfds.builder(name, data_dir=data_dir, try_gcs=try_gcs)
     except tfds.core.registered.DatasetNotFoundError as error:
+        suggestion = _did_you_mean(error)
+        hint = f" (did you mean {suggestion!r}?)" if suggestion else ""
         raise ValueError(
-            f"tfds: unknown dataset name={name!r}. Fix: use a name from `tfds.list_builders()`, "
-            f"e.g. mnist, cifar10, imdb_reviews, tiny_shakespeare ({error})."
+            f"tfds: unknown dataset name={name!r}{hint}. Fix: use a name from `tfds.list_builders()`, "
+            "e.g. mnist, cifar10, imdb_reviews, tiny_shakespeare."
         ) from None
+
+
+def _builder(name: str, data_dir: str | None, try_gcs: bool, download: bool):
+    builder = _find_builder(name, data_dir, try_gcs)
     if download:
         try:
             builder.download_and_prepare()
@@ -59,7 +74,7 @@ def _num_shards(builder, split: str) -> int | None:
     """Files behind `split` (None when unknown, e.g. under tfds.testing.mock_data)."""
     try:
         info = builder.info.splits[split]
-    except Exception:
+    except KeyError:  # no split info: unprepared data, tfds.testing.mock_data
         return None
     shards = getattr(info, "num_shards", None)
     if shards is None and hasattr(info, "file_instructions"):
@@ -257,15 +272,17 @@ def count(
     **_,
 ) -> int | None:
     """Examples in `split` from `builder.info.splits` without reading data; None when the info cannot say
-    (language-model windows, unprepared data, `tfds.testing.mock_data`)."""
-    import tensorflow_datasets as tfds
+    (language-model windows, unprepared data, `tfds.testing.mock_data`).
 
+    Raises:
+        ValueError: an unknown dataset name or split (TFDS's message).
+    """
+    builder = _find_builder(name, data_dir, try_gcs)
+    if label_key not in builder.info.features:
+        return None  # packed windows: their number depends on sequence_length
     try:
-        builder = tfds.builder(name, data_dir=data_dir, try_gcs=try_gcs)
-        if label_key not in builder.info.features:
-            return None  # packed windows: their number depends on sequence_length
         return int(builder.info.splits[split].num_examples)
-    except Exception:
+    except KeyError:  # no split info: unprepared data, tfds.testing.mock_data
         return None
 
 
@@ -276,7 +293,7 @@ def scan_builder(builder, split: str) -> corrupt.CorruptReport | None:
         return None
     try:
         instructions = builder.info.splits[split].file_instructions
-    except Exception:  # unprepared data, tfds.testing.mock_data: no shards to read
+    except KeyError:  # no split info: unprepared data, tfds.testing.mock_data: no shards to read
         return None
     features = builder.info.features
 
@@ -299,11 +316,9 @@ def scan_builder(builder, split: str) -> corrupt.CorruptReport | None:
 
 def scan(split: str, name: str = "mnist", data_dir: str | None = None, try_gcs: bool = False, **_):
     """Every record of `split` that `tfds_dataset(skip_corrupt=True)` drops (one pass that decodes them all);
-    None when the dataset is not prepared as TFRecord files."""
-    import tensorflow_datasets as tfds
+    None when the dataset is not prepared as TFRecord files.
 
-    try:
-        builder = tfds.builder(name, data_dir=data_dir, try_gcs=try_gcs)
-    except Exception:
-        return None
-    return scan_builder(builder, split)
+    Raises:
+        ValueError: an unknown dataset name or split (TFDS's message).
+    """
+    return scan_builder(_find_builder(name, data_dir, try_gcs), split)
