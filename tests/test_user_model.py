@@ -278,3 +278,74 @@ def test_fit_without_labels_is_a_recipe_error(tmp_path):
     x, _ = _arrays()
     with pytest.raises(RecipeError, match="received no y"):
         tpukit.fit(build, x, epochs=1, batch_size=32, output_dir=str(tmp_path / "f"))
+
+
+def _registries():
+    from tpukit.data import SOURCES
+    from tpukit.models import MODELS
+
+    return dict(MODELS), dict(SOURCES)
+
+
+def test_fit_leaves_the_registries_as_it_found_them(tmp_path):
+    x, y = _arrays()
+    before = _registries()
+    metrics = tpukit.fit(
+        build, x, y, epochs=1, batch_size=64, output_dir=str(tmp_path / "ok"), verbose=0
+    )
+    assert metrics["status"] == "done"
+    assert _registries() == before  # no closure over x and y is left behind
+
+
+def test_fit_that_raises_leaves_the_registries_as_it_found_them(tmp_path):
+    x, y = _arrays()
+    before = _registries()
+    with pytest.raises(RecipeError, match="steps_per_execution"):  # from_dict, while registered
+        tpukit.fit(
+            build,
+            x,
+            y,
+            epochs=1,
+            batch_size=64,
+            output_dir=str(tmp_path / "a"),
+            steps_per_execution=0,
+        )
+    assert _registries() == before
+
+    def broken():
+        raise RuntimeError("the user's builder fails")
+
+    with pytest.raises(RuntimeError, match="the user's builder fails"):  # inside run
+        tpukit.fit(broken, x, y, epochs=1, batch_size=64, output_dir=str(tmp_path / "b"), verbose=0)
+    assert _registries() == before
+
+
+def test_fit_under_a_registered_name_restores_that_registration(tmp_path):
+    from tpukit.data import SOURCES
+    from tpukit.models import MODELS
+
+    def mine(split="train", input_context=None):
+        raise AssertionError("fit must use its own source under this name")
+
+    tpukit.register_model("test:taken", build)
+    tpukit.register_source("test:taken", mine)
+    try:
+        x, y = _arrays()
+        tpukit.fit(
+            build, x, y, epochs=1, batch_size=64, output_dir=str(tmp_path / "t"), name="test:taken"
+        )
+        assert MODELS["test:taken"] is build and SOURCES["test:taken"] is mine
+    finally:
+        del MODELS["test:taken"], SOURCES["test:taken"]
+
+
+def test_fit_keeps_no_reference_to_your_arrays(tmp_path):
+    import gc
+    import weakref
+
+    x, y = _arrays()
+    alive = weakref.ref(x)
+    tpukit.fit(build, x, y, epochs=1, batch_size=64, output_dir=str(tmp_path / "w"), verbose=0)
+    del x
+    gc.collect()
+    assert alive() is None

@@ -7,21 +7,24 @@ recipe run (preemption-safe resume, multi-replica `steps_per_execution`, exact e
     metrics = tpukit.fit(build_model, x_train, y_train, validation_data=(x_test, y_test), epochs=3,
                          batch_size=1024, output_dir="runs/mlp", steps_per_execution=8)
 
-It registers the builder and the data as a model and a source, builds a `Recipe` and calls `tpukit.run`, so running
-the same call again resumes from `output_dir`. Models return logits for integer labels (tpukit compiles them with
+For the duration of the call it registers the builder and the data as a model and a source (the registries are
+as before once it returns or raises), builds a `Recipe` and calls `tpukit.run`, so running the same call again
+resumes from `output_dir`. Models return logits for integer labels (tpukit compiles them with
 sparse categorical cross-entropy from logits, accuracy and an exact weighted cross-entropy).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from tpukit.recipe import DataConfig, RecipeError, RuntimeConfig, TrainConfig, from_dict
 from tpukit.recipe.registry import register_model, register_source
 
 _SECTIONS = {"data": DataConfig, "train": TrainConfig, "runtime": RuntimeConfig}
+_ABSENT = object()  # a registry had no entry under the name
 
 
 def _section_of(key: str) -> str:
@@ -109,13 +112,10 @@ def fit(
         name
         or f"fit:{getattr(model_fn, '__module__', '')}.{getattr(model_fn, '__qualname__', 'model')}"
     )
-    register_model(name, model_fn)
     if dataset_fn is None:
-        register_source(
-            name, _arrays_source(x, y, validation_data if validation_data is not True else None)
-        )
+        source = _arrays_source(x, y, validation_data if validation_data is not True else None)
     else:
-        register_source(name, _dataset_source(dataset_fn))
+        source = _dataset_source(dataset_fn)
     raw = {
         "model": {"name": name},
         "data": {
@@ -129,5 +129,29 @@ def fit(
     }
     for key, value in settings.items():
         raw[_section_of(key)][key] = value
-    recipe = from_dict(raw, f"tpukit.fit({name})")
-    return run(recipe, output_dir, strategy=strategy, callbacks=callbacks)
+    with _registered(name, model_fn, source):
+        recipe = from_dict(raw, f"tpukit.fit({name})")
+        return run(recipe, output_dir, strategy=strategy, callbacks=callbacks)
+
+
+@contextlib.contextmanager
+def _registered(name: str, model_fn: Callable, source: Callable) -> Iterator[None]:
+    """`name` as a model and a source for the duration of one `fit`; afterwards (returned or raised) the
+    registries hold what they held before, so no closure over the caller's arrays outlives the call."""
+    from tpukit.data import SOURCES
+    from tpukit.models import MODELS
+
+    added = ((MODELS, model_fn), (SOURCES, source))
+    before = [(registry, registry.get(name, _ABSENT)) for registry, _ in added]
+    try:
+        register_model(name, model_fn)
+        register_source(name, source)
+        yield
+    finally:
+        for (registry, previous), (_, function) in zip(before, added, strict=True):
+            if registry.get(name) is not function:
+                continue  # replaced meanwhile: not ours to remove
+            if previous is _ABSENT:
+                del registry[name]
+            else:
+                registry[name] = previous

@@ -383,7 +383,15 @@ def _yaml_number_text(text: str) -> str | None:
 
 
 @functools.cache
+def _class_hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
 def _hints(fn_or_cls) -> dict[str, Any]:
+    """Type hints, cached for classes (the recipe's sections) only: a cache keyed by a builder or a source would keep
+    it alive, and with it the caller's arrays that a `tpukit.fit` source closes over."""
+    if isinstance(fn_or_cls, type):
+        return _class_hints(fn_or_cls)
     return typing.get_type_hints(fn_or_cls)
 
 
