@@ -57,6 +57,12 @@ def _expected_output_shape(name):
     return (BATCH, 3)
 
 
+# ResNet-50's train step (XLA or bfloat16) takes 6-11 s here: the slow tier runs it, the default tier the others.
+WITH_RESNET50_SLOW = [
+    pytest.param(n, marks=pytest.mark.slow) if n == "resnet50" else n for n in sorted(TINY)
+]
+
+
 def test_every_registered_model_has_a_tiny_config():
     assert set(TINY) == set(MODELS)
 
@@ -84,7 +90,7 @@ def test_saved_model_loads_back_and_predicts_the_same(name, tmp_path):
     np.testing.assert_array_equal(loaded.predict(x, verbose=0), expected)
 
 
-@pytest.mark.parametrize("name", sorted(TINY))
+@pytest.mark.parametrize("name", WITH_RESNET50_SLOW)
 def test_one_xla_train_step(name):
     model = MODELS[name](**TINY[name])
     x, y = _batch(model)
@@ -103,7 +109,7 @@ def test_one_xla_train_step(name):
     assert any(changed)
 
 
-@pytest.mark.parametrize("name", sorted(TINY))
+@pytest.mark.parametrize("name", WITH_RESNET50_SLOW)
 def test_one_mixed_bfloat16_train_step(name):
     # XLA is covered above; compiling bfloat16 with XLA on CPU is slow and adds nothing here.
     keras.mixed_precision.set_global_policy("mixed_bfloat16")

@@ -1,6 +1,7 @@
 """tpukit.flops: exact FLOP counts on hand-computed models, the TPU peak table, the measured CPU peak and its cache."""
 
 import json
+import time
 
 import keras
 import pytest
@@ -188,9 +189,49 @@ def test_unknown_tpu_gives_none_and_says_why():
     assert "'TPU v99'" in source and "v6e" in source
 
 
-def test_measured_matmul_rate_is_plausible():
-    rate = flops.measure_matmul_flops(matrix_size=256, repeats=2)
-    assert 1e7 < rate < 1e15  # between a very slow CPU and far beyond any single device
+def _timed_matmuls(monkeypatch, delay: float = 0.0):
+    """Runs `measure_matmul_flops` with a spy on `tf.matmul` (the operand shapes, `delay` seconds added to each
+    call) and the real clock; returns (rate, shapes of the timed matmuls, measured seconds of each interval)."""
+    import tensorflow as tf
+
+    calls = []
+    real_matmul = tf.matmul
+
+    def spy(a, b, *args, **kwargs):
+        calls.append((tuple(a.shape), tuple(b.shape)))
+        time.sleep(delay)
+        return real_matmul(a, b, *args, **kwargs)
+
+    stamps = []  # (clock, matmuls so far) at each reading of the timer
+
+    def timer():
+        stamps.append((time.perf_counter(), len(calls)))
+        return stamps[-1][0]
+
+    monkeypatch.setattr(tf, "matmul", spy)
+    rate = flops.measure_matmul_flops(matrix_size=256, repeats=3, timer=timer)
+    monkeypatch.undo()
+    intervals = list(zip(stamps[::2], stamps[1::2], strict=True))
+    # Each timed interval holds exactly one matmul: the warm-up is outside them.
+    assert [after - before for (_, before), (_, after) in intervals] == [1, 1, 1]
+    shapes = [calls[before] for (_, before), _ in intervals]
+    return rate, shapes, [end - start for (start, _), (end, _) in intervals]
+
+
+def test_measured_matmul_rate_is_the_flops_of_the_timed_matmul_over_its_best_time(monkeypatch):
+    rate, shapes, seconds = _timed_matmuls(monkeypatch)
+    # The FLOPs of the matmul that ran, from its operand shapes: (m x k) @ (k x n) is m*n*k multiply-adds.
+    (m, k), (k2, n) = shapes[0]
+    assert k == k2 and shapes == [shapes[0]] * 3 and (m, k, n) == (256, 256, 256)
+    assert rate == pytest.approx(2 * m * k * n / min(seconds), rel=1e-9)
+
+
+def test_a_slower_matmul_is_reported_at_a_lower_rate(monkeypatch):
+    fast, _, _ = _timed_matmuls(monkeypatch)
+    slow, _, seconds = _timed_matmuls(monkeypatch, delay=0.05)
+    assert min(seconds) >= 0.05  # the delay is inside the timed interval
+    assert slow <= 2 * 256**3 / 0.05
+    assert slow < fast
 
 
 def test_measured_rate_is_2n3_over_the_best_time():
