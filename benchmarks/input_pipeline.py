@@ -25,8 +25,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from tpukit.planner import hardware as performance  # noqa: E402
 from tpukit.models import MODELS  # noqa: E402
+from tpukit.planner import hardware as performance  # noqa: E402
 from tpukit.recipe import from_dict  # noqa: E402
 from tpukit.task import build_model, input_fns  # noqa: E402
 

@@ -136,7 +136,7 @@ MAX_TF_EXCLUSIVE = (
 )
 
 # The Keras minors tpukit was tested with, [low, high): the TensorFlow engine patches private Keras internals
-# (trainer._should_eval, _maybe_symbolic_build, keras.src.tree, TensorBoard._log_epoch_metrics, ...), which
+# (every one is in tpukit/engines/tensorflow/keras_private.py: _should_eval, _maybe_symbolic_build, ...), which
 # another minor may change. The suite runs on 3.15.1 with TF 2.19.1, 2.20.0 and 2.21.0 (.ci/tf_matrix.sh).
 # setup.cfg's install_requires declares the same range (tests/engines/tensorflow/test_compat.py checks it).
 KERAS_TESTED = ((3, 15), (3, 16))

@@ -42,6 +42,7 @@ import os
 import sys
 from typing import Any
 
+from tpukit.engines.tensorflow import keras_private
 from tpukit.planner.rules import PATH_SUFFIXES, Rule, Target, input_paths_rule  # noqa: F401
 from tpukit.recipe import Recipe, RecipeError
 
@@ -193,9 +194,7 @@ def _graph_ops(dataset) -> set[str]:
     """Every op type in a dataset's graph, the bodies of its functions (map, flat_map, ...) included."""
     import tensorflow as tf
 
-    serialized = dataset._as_serialized_graph(  # the graph tf.data ships to other processes
-        external_state_policy=tf.data.experimental.ExternalStatePolicy.WARN
-    )
+    serialized = keras_private.serialized_dataset_graph(dataset)
     graph = tf.compat.v1.GraphDef()
     graph.ParseFromString(serialized.numpy())
     ops = {node.op for node in graph.node}
@@ -349,7 +348,7 @@ def static_shapes_rule(context: _Context) -> Rule:
         )
     try:
         datasets = context.datasets("float32")
-    except Exception as error:  # noqa: BLE001
+    except Exception as error:  # noqa: BLE001 - the check reports any failure as its rule's finding
         return Rule(
             "static_shapes", "fail", f"building the input pipeline failed: {_first_line(error)}"
         )
@@ -389,7 +388,7 @@ def xla_step_rule(context: _Context) -> tuple[Rule, Any]:
     recipe = context.recipe
     try:
         x, y = _first_batch(context.datasets("float32")["train"])
-    except Exception as error:  # noqa: BLE001
+    except Exception as error:  # noqa: BLE001 - the check reports any failure as its rule's finding
         return Rule(
             "xla_step", "skip", f"no training batch to compile for: {_first_line(error)}"
         ), None
@@ -429,7 +428,7 @@ def precision_step_rule(context: _Context) -> tuple[Rule, Any, str]:
     policy = performance.choose_precision(recipe.runtime.precision, "tpu").value
     try:
         x, y = _first_batch(context.datasets(policy)["train"])
-    except Exception as error:  # noqa: BLE001
+    except Exception as error:  # noqa: BLE001 - the check reports any failure as its rule's finding
         return (
             Rule("precision_step", "skip", f"no training batch: {_first_line(error)}"),
             None,
@@ -440,7 +439,7 @@ def precision_step_rule(context: _Context) -> tuple[Rule, Any, str]:
             model = task.build_model(recipe, 10, False, 1)
             logs = model.train_on_batch(x, y, return_dict=True)
             logits = tf.nest.flatten(model(x, training=False))
-    except Exception as error:  # noqa: BLE001
+    except Exception as error:  # noqa: BLE001 - the check reports any failure as its rule's finding
         return (
             Rule("precision_step", "fail", f"a {policy} train step failed: {_first_line(error)}"),
             None,
@@ -542,7 +541,7 @@ def memory_check(context: _Context, model, policy: str) -> Rule:
             model.optimizer.build(model.trainable_variables)
             per_core = max(1, recipe.data.global_batch_size // context.target.cores)
             activations = _activation_bytes(model, per_core)
-    except Exception as error:  # noqa: BLE001
+    except Exception as error:  # noqa: BLE001 - the check reports any failure as its rule's finding
         return Rule(
             "memory", "skip", f"the model could not be built or traced: {_first_line(error)}"
         )
@@ -607,7 +606,7 @@ def check(
         else:
             try:
                 results["input_ops"] = input_ops_rule(context.datasets("float32"))
-            except Exception as error:  # noqa: BLE001
+            except Exception as error:  # noqa: BLE001 - the check reports any failure as its rule's finding
                 results["input_ops"] = Rule(
                     "input_ops", "skip", f"no input pipeline: {_first_line(error)}"
                 )
