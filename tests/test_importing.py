@@ -73,3 +73,23 @@ def test_model_and_data_in_a_custom_loop_on_two_replicas():
     assert int(optimizer.iterations.numpy()) == 3 * STEPS_PER_EPOCH
     assert np.mean(losses[-10:]) < 0.5 * np.mean(losses[:10])
     assert _test_accuracy(model) > 0.8
+
+
+def test_tpukit_log_lines_follow_the_current_stderr(capsys):
+    """A handler bound to the stderr of its first use would write to a closed stream once a notebook kernel or
+    redirect_stderr replaced it."""
+    import contextlib
+    import io
+    import logging
+
+    from tpukit.logs import enable_logging
+
+    first = io.StringIO()
+    with contextlib.redirect_stderr(first):
+        enable_logging()
+        logging.getLogger("tpukit").info("tpukit: one")
+    first.close()
+    second = io.StringIO()
+    with contextlib.redirect_stderr(second):
+        logging.getLogger("tpukit").info("tpukit: two")
+    assert second.getvalue() == "tpukit: two\n"
