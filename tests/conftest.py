@@ -6,9 +6,13 @@ The default strategy still uses one device (/cpu:0), so single-device tests are 
 
 import functools
 import os
+import tempfile
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# The measured CPU peak (for MFU) is cached per machine; a value cached while the machine was loaded makes the
+# reported MFU too high. Each test session measures its own (0.2 s) into a fresh cache, which its subprocesses share.
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="tpukit-test-cache-")
 
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402

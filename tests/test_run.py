@@ -126,7 +126,7 @@ class LoopProbe:
         return Probe()
 
 
-@pytest.mark.parametrize("replicas", [1, 2])
+@pytest.mark.parametrize("replicas", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_runtime_loop_tpukit_trains_like_keras_own_loop(tmp_path, replicas):
     # The escape hatch for a TPU whose Keras loop fails: tpukit's loop on any strategy, same numbers as Keras'.
     import keras

@@ -64,7 +64,7 @@ def user_recipe(**train):
     )
 
 
-@pytest.mark.parametrize("replicas", [1, 2])
+@pytest.mark.parametrize("replicas", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_a_user_model_and_source_by_module_path_train_and_resume_after_sigterm(
     tmp_path, user_package, monkeypatch, replicas
 ):
@@ -131,7 +131,7 @@ def build():
     )
 
 
-@pytest.mark.parametrize("replicas", [1, 2])
+@pytest.mark.parametrize("replicas", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_fit_trains_your_model_on_arrays_and_resumes_after_sigterm(tmp_path, monkeypatch, replicas):
     x, y = _arrays()
     strategy = mirrored(2) if replicas == 2 else None

@@ -45,6 +45,7 @@ def test_cifar10_resized_augmented_and_static(split):
     assert sum(1 for _ in examples) == 12
 
 
+@pytest.mark.slow
 def test_imdb_reviews_become_fixed_length_byte_ids():
     examples = data.tfds_dataset("train", None, name="imdb_reviews", sequence_length=32)
     tokens, label = next(iter(examples))

@@ -666,6 +666,7 @@ def _runnable(case: Case) -> bool:
     return case.must_fail and "\x00" not in "".join(case.overrides) + (case.path or "")
 
 
+@pytest.mark.slow
 @settings(FAST, max_examples=3)
 @given(case=cases())
 def test_the_real_command_exits_2_without_a_traceback(scratch, case):

@@ -229,6 +229,7 @@ def test_language_model_recipes_evaluate(local_data, tmp_path):
     assert np.isfinite(metrics["eval"]["loss"])
 
 
+@pytest.mark.slow
 def test_digits_cnn_reaches_97_percent_with_the_default_command(tmp_path):
     metrics = tpukit.run(
         _load("digits_cnn", "runtime.verbose=0"),

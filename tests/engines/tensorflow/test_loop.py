@@ -152,6 +152,7 @@ def test_two_replicas_with_steps_per_execution_match_one_device():
     assert_matches_one_device(2)
 
 
+@pytest.mark.slow
 def test_four_replicas_with_steps_per_execution_match_one_device():
     # In a subprocess: every MirroredStrategy numbers its collective groups from 1, so a 4-replica strategy in this
     # process breaks the shared 2-replica one ("joining a group with size 4, but that group has size 2").

@@ -271,7 +271,7 @@ EARLY = {
 }
 
 
-@pytest.mark.parametrize("checkpoint_every_steps", [None, 22])
+@pytest.mark.parametrize("checkpoint_every_steps", [None, pytest.param(22, marks=pytest.mark.slow)])
 def test_early_stopping_survives_a_restart_and_a_stopped_run_stays_stopped(
     tmp_path, monkeypatch, checkpoint_every_steps
 ):
@@ -320,7 +320,13 @@ def _truncate(path, size):
         f.truncate(size)
 
 
-@pytest.mark.parametrize("damage", ["data", "index", "missing_index", "state_file"])
+@pytest.mark.parametrize(
+    "damage",
+    [
+        "index",
+        *(pytest.param(d, marks=pytest.mark.slow) for d in ("data", "missing_index", "state_file")),
+    ],
+)
 def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, damage, caplog):
     output_dir = str(tmp_path)
     _train_with_checkpoints(output_dir)

@@ -118,7 +118,7 @@ def check_traced_once(counter: TraceCounter, metrics: dict, replicas: int) -> No
     assert metrics["status"] == "done" and metrics["eval"]["accuracy"] > 0.5
 
 
-@pytest.mark.parametrize("replicas", [1, 2])
+@pytest.mark.parametrize("replicas", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_one_trace_per_run_across_epochs_validation_checkpoints_and_a_resumed_run(
     tmp_path, monkeypatch, replicas
 ):

@@ -44,6 +44,7 @@ SIGTERM_ARGS = [
 ]
 
 
+@pytest.mark.slow
 def test_sigterm_mid_epoch_saves_and_the_rerun_matches_an_uninterrupted_run(tmp_path):
     whole, interrupted = str(tmp_path / "whole"), str(tmp_path / "interrupted")
     assert run_cli("recipes/digits_cnn.yaml", "--output_dir", whole, *SIGTERM_ARGS).returncode == 0
@@ -211,6 +212,7 @@ def _checkpoint_steps(output_dir):
     )
 
 
+@pytest.mark.slow
 def test_epoch_end_saves_are_skipped_while_they_would_cost_more_than_the_overhead_bound(tmp_path):
     # 4 epochs of 44 steps. A bound of 1e-6 allows a save only 10^6 save-durations (~50 ms each, estimated from the
     # checkpoint's size before the first) after the last save: a new run saves its initial weights (step 0, so a NaN
