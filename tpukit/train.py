@@ -15,6 +15,12 @@ import sys
 
 from absl import app, flags
 
+from tpukit import engines
+from tpukit.engines import EngineUnavailableError, OutputDirError
+from tpukit.environment import diagnose
+from tpukit.logs import enable_logging
+from tpukit.recipe import RecipeError, load_recipe
+
 FLAGS = flags.FLAGS
 flags.DEFINE_multi_string(
     "set", [], "Override a recipe key: --set train.epochs=3 (repeatable). Values are YAML."
@@ -49,9 +55,6 @@ def main(argv: list[str]) -> int:
         return 2
     from absl import logging as absl_logging
 
-    from tpukit.logs import enable_logging
-    from tpukit.recipe import RecipeError, load_recipe
-
     # absl's app.run shows TensorFlow's Python INFO lines (one per checkpoint write); tpukit's own lines stay.
     absl_logging.set_verbosity(absl_logging.WARNING)
     enable_logging()
@@ -63,8 +66,6 @@ def main(argv: list[str]) -> int:
         recipe = load_recipe(argv[1], overrides)
         name = os.path.splitext(os.path.basename(recipe.path))[0]
         output_dir = FLAGS.output_dir or os.path.join("runs", name)
-        from tpukit import engines
-        from tpukit.engines import EngineUnavailableError, OutputDirError
         from tpukit.runner import run
 
         try:
@@ -81,8 +82,6 @@ def main(argv: list[str]) -> int:
             print(f"tpukit: error: {error}", file=sys.stderr)
             return 1
         except Exception as error:  # noqa: BLE001 - known environment errors get cause and fix, not a traceback
-            from tpukit.environment import diagnose
-
             explanation = diagnose.explain(error)
             if explanation is None:
                 raise

@@ -42,9 +42,12 @@ import os
 import sys
 from typing import Any
 
-from tpukit.engines.tensorflow import keras_private
+from tpukit.engines.tensorflow import compat, flops, keras_private
+from tpukit.logs import enable_logging
+from tpukit.planner import check_batch_sizes, eval_batch_size
+from tpukit.planner import hardware as performance
 from tpukit.planner.rules import PATH_SUFFIXES, Rule, Target, input_paths_rule  # noqa: F401
-from tpukit.recipe import Recipe, RecipeError
+from tpukit.recipe import Recipe, RecipeError, load_recipe
 
 RULES = (
     "static_shapes",
@@ -104,8 +107,6 @@ def target_for(
     recipe: Recipe, cores: int = 8, tpu_type: str = DEFAULT_TPU_TYPE, hbm_bytes: float | None = None
 ) -> Target:
     """The `Target` for `cores` TensorFlow devices of `tpu_type`; `hbm_bytes` overrides the HBM per chip."""
-    from tpukit.engines.tensorflow import flops
-
     if tpu_type not in HBM_BYTES_PER_CHIP:
         raise RecipeError(
             f"--tpu-type must be one of {', '.join(HBM_BYTES_PER_CHIP)}; received {tpu_type!r}. Fix: pick the "
@@ -139,8 +140,6 @@ def target_for(
 
 def batch_rule(recipe: Recipe, target: Target, train_examples: int | None) -> Rule:
     """The global batches divide by the cores; the per-core training batch is a multiple of 8 (>= 128 advised)."""
-    from tpukit.planner import check_batch_sizes, eval_batch_size
-
     cores = target.cores
     global_batch = recipe.data.global_batch_size
     try:
@@ -422,7 +421,6 @@ def precision_step_rule(context: _Context) -> tuple[Rule, Any, str]:
 
     from tpukit import task
     from tpukit.engines.tensorflow import engine
-    from tpukit.planner import hardware as performance
 
     recipe = context.recipe
     policy = performance.choose_precision(recipe.runtime.precision, "tpu").value
@@ -503,8 +501,6 @@ def _activation_bytes(model, per_core_batch: int) -> float:
     """
     import tensorflow as tf
 
-    from tpukit.engines.tensorflow import flops
-
     specs = [
         tf.TensorSpec((per_core_batch, *s.shape[1:]), s.dtype)
         for s in flops._input_signature(model)
@@ -576,8 +572,6 @@ def check(
     Raises:
         RecipeError: the recipe is invalid, or an argument is (unknown rule, TPU type, cores).
     """
-    from tpukit.engines.tensorflow import compat
-
     compat.check_tensorflow()
     recipe.validate()
     wanted = tuple(rules or RULES)
@@ -618,8 +612,6 @@ def check(
         results["precision_step"], model, policy = precision_step_rule(context)
     if "memory" in wanted:
         if model is None:
-            from tpukit.planner import hardware as performance
-
             policy = performance.choose_precision(recipe.runtime.precision, "tpu").value
         results["memory"] = memory_check(context, model, policy)
     return [results[name] for name in RULES if name in results]
@@ -692,9 +684,6 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault(
         "TF_CPP_MIN_LOG_LEVEL", "2"
     )  # TensorFlow's C++ INFO lines would bury the report
-    from tpukit.logs import enable_logging
-    from tpukit.recipe import load_recipe
-
     enable_logging()
     try:
         recipe = load_recipe(args.recipe, args.set)

@@ -37,6 +37,16 @@ import tempfile
 import time
 from typing import Any
 
+from tpukit.engines.tensorflow import export as export_lib
+
+# These load no TensorFlow; the engine, Keras and TensorFlow are imported inside the paths that use them, after
+# main() has quieted TensorFlow's C++ start-up lines.
+from tpukit.engines.tensorflow import flops
+from tpukit.engines.tensorflow import strategy as strategy_lib
+from tpukit.environment import diagnose
+from tpukit.logs import enable_logging
+from tpukit.recipe import from_dict
+
 STEPS_PER_EXECUTION = 4
 # (examples per replica per step, steps per epoch) on a CPU and on an accelerator: small enough for the test suite
 # on a CPU; on a TPU a per-core batch that fills the matrix units and enough steps for a throughput number.
@@ -123,9 +133,6 @@ def _versions() -> dict[str, str | None]:
 
 
 def _device(strategy, tpu: str | None) -> dict[str, Any]:
-    from tpukit.engines.tensorflow import flops
-    from tpukit.engines.tensorflow import strategy as strategy_lib
-
     kind = strategy_lib.kind_of(strategy)
     found = {
         "strategy": type(strategy).__name__,
@@ -146,8 +153,6 @@ def _device(strategy, tpu: str | None) -> dict[str, Any]:
 
 
 def _first_line(error: BaseException) -> str:
-    from tpukit.environment import diagnose
-
     lines = str(error).strip().splitlines()
     text = f"{type(error).__name__}: {(lines[0] if lines else '')[:300]}"
     explanation = diagnose.explain(error)
@@ -221,8 +226,6 @@ def run_smoke(
 
 def _run_paths(smoke: _Smoke, report: dict, output_dir, tpu, precision, strategy) -> None:
     """Runs the paths in order; each later path needs the earlier ones."""
-    from tpukit.recipe import from_dict
-
     strategy, accelerator = _connect_path(smoke, report, tpu, strategy)
     if not smoke.ok("connect"):
         return
@@ -394,10 +397,9 @@ def _check_export(smoke: _Smoke, session, exported: dict) -> None:
     import tensorflow as tf
 
     from tpukit import data
-    from tpukit.engines.tensorflow.export import load_serving
 
     the_plan = session.plan
-    serve = load_serving(exported["saved_model"], io_device=the_plan.io_device)
+    serve = export_lib.load_serving(exported["saved_model"], io_device=the_plan.io_device)
     options = the_plan.recipe.data.options
     features = next(
         iter(data.synthetic("test", None, **options).batch(32).map(lambda x, y: x))
@@ -487,8 +489,6 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault(
         "TF_CPP_MIN_LOG_LEVEL", "2"
     )  # TensorFlow's C++ INFO lines would bury the report
-    from tpukit.logs import enable_logging
-
     enable_logging()
     report = run_smoke(args.output_dir, args.tpu, args.precision)
     print(json.dumps(report, indent=2) if args.json else format_report(report))
