@@ -4,10 +4,16 @@ One hand-written `compile`/`fit` script, and one custom training loop with `stra
 (GradientTape, `optimizer.apply_gradients`, the per-example loss averaged over the GLOBAL batch).
 """
 
+import os
+import subprocess
+import sys
+
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 from conftest import mirrored
+from helpers import REPO
 
 import tpukit
 
@@ -93,3 +99,49 @@ def test_tpukit_log_lines_follow_the_current_stderr(capsys):
     with contextlib.redirect_stderr(second):
         logging.getLogger("tpukit").info("tpukit: two")
     assert second.getvalue() == "tpukit: two\n"
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        "tpukit.task",
+        "tpukit.task.losses",
+        "tpukit.task.optim",
+        "tpukit.runner",
+        "tpukit.engines.tensorflow.engine",
+        "tpukit.engines.tensorflow.trainer",
+        "tpukit.engines.tensorflow.callbacks",
+        "tpukit.notebook.helpers",
+        "tpukit.engines.tensorflow.checkpoint",
+        "tpukit.tools.doctor",
+    ],
+)
+def test_every_module_that_imports_keras_loads_it_on_tensorflow_whatever_keras_json_says(
+    tmp_path, module
+):
+    # Keras reads ~/.keras/keras.json when KERAS_BACKEND is unset; tpukit sets its default before Keras loads,
+    # so a user's keras.json naming jax (here, where jax is not installed: importing it would fail) changes nothing.
+    (tmp_path / "keras.json").write_text('{"backend": "jax"}')
+    env = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}
+    env.update(KERAS_HOME=str(tmp_path), TF_CPP_MIN_LOG_LEVEL="3")
+    code = f"import {module}, keras; print(keras.config.backend())"
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "tensorflow"
+
+
+def test_the_engine_refuses_a_keras_already_loaded_on_another_backend(monkeypatch):
+    from tpukit.environment import backend
+
+    class Config:
+        @staticmethod
+        def backend():
+            return "jax"
+
+    monkeypatch.setitem(sys.modules, "keras", type("keras", (), {"config": Config}))
+    with pytest.raises(
+        ImportError, match=r"received keras.config.backend\(\)='jax'. Fix: set KERAS_BACKEND"
+    ):
+        backend.require("tensorflow", "TensorFlow")

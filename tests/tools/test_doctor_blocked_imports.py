@@ -203,10 +203,14 @@ def test_import_tpukit_imports_neither_tensorflow_nor_keras_and_sets_nothing():
     # Both installed and importable here: `import tpukit` (and the doctor's module) must leave them alone.
     code, out, err = run(
         "import logging, os, sys\n"
-        "import tpukit, tpukit.tools.doctor\n"
+        "import tpukit\n"
+        "assert 'KERAS_BACKEND' not in os.environ, os.environ['KERAS_BACKEND']\n"
+        # The doctor's engine modules set the Keras backend default (a user's choice wins) before any import of
+        # TensorFlow, which would fix the backend from ~/.keras/keras.json; they import neither.
+        "import tpukit.tools.doctor\n"
+        "assert os.environ.get('KERAS_BACKEND', 'tensorflow') == 'tensorflow'\n"
         "heavy = sorted(m for m in sys.modules if m.partition('.')[0] in ('tensorflow', 'keras', 'jax'))\n"
         "assert not heavy, heavy\n"
-        "assert 'KERAS_BACKEND' not in os.environ, os.environ['KERAS_BACKEND']\n"
         "handlers = logging.getLogger('tpukit').handlers + logging.getLogger().handlers\n"
         "assert all(isinstance(h, logging.NullHandler) for h in handlers), handlers\n"
         "print('imported', tpukit.__version__)\n"

@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import logging
 
+from tpukit.environment import backend as _backend
+
+_backend.use_default()  # before this package's modules import Keras
+
 import keras
 import tensorflow as tf
 
