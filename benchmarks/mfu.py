@@ -36,7 +36,7 @@ import tensorflow as tf  # noqa: E402
 from workloads import ROWS, SteadyRate, workload  # noqa: E402
 
 import tpukit  # noqa: E402
-from tpukit import flops  # noqa: E402
+from tpukit.engines.tensorflow import flops  # noqa: E402
 from tpukit.recipe import load_recipe  # noqa: E402
 
 DEFAULT_OUT = os.path.join(HERE, "results", "mfu.json")
