@@ -16,7 +16,7 @@ import sys
 from absl import app, flags
 
 from tpukit import engines
-from tpukit.engines import EngineUnavailableError, OutputDirError
+from tpukit.engines import OutputDirError
 from tpukit.environment import diagnose
 from tpukit.logs import enable_logging
 from tpukit.recipe import RecipeError, load_recipe
@@ -62,19 +62,19 @@ def main(argv: list[str]) -> int:
     if FLAGS.tpu:
         # Quoted (JSON is YAML): --set values are parsed as YAML, and a TPU named `yes`, `null` or `1234` is a name.
         overrides.append(f"runtime.tpu={json.dumps(FLAGS.tpu)}")
+    problem = engines.unavailable(
+        "tensorflow"
+    )  # before the recipe's models and sources import Keras
+    if problem:
+        print(f"tpukit: error: {problem}", file=sys.stderr)
+        return 1
     try:
         recipe = load_recipe(argv[1], overrides)
         name = os.path.splitext(os.path.basename(recipe.path))[0]
         output_dir = FLAGS.output_dir or os.path.join("runs", name)
-        from tpukit.runner import run
-
-        try:
-            engines.get("tensorflow")  # the version checks, before the engine's modules load
-        except EngineUnavailableError as error:
-            print(f"tpukit: error: {error}", file=sys.stderr)
-            return 1
         from tpukit.engines.tensorflow.strategy import TPUConnectionError
         from tpukit.engines.tensorflow.trainer import TrainingDivergedError
+        from tpukit.runner import run
 
         try:
             metrics = run(recipe, output_dir, mode=FLAGS.mode, checkpoint=FLAGS.checkpoint)

@@ -233,3 +233,43 @@ def test_without_tensorflow_import_tpukit_works_and_connect_says_what_to_install
     )
     assert 'pip install "tpukit[tensorflow]"' in out and 'pip install "tpukit[tpu]"' in out
     assert "python -m tpukit.doctor" in out
+
+
+# ---- the other command-line tools, in the same environments --------------------------------------------------
+
+RUN_TOOL = """
+import runpy, sys
+sys.argv = ["python -m {module}", *{argv!r}]
+runpy.run_module("{module}", run_name="__main__", alter_sys=True)
+"""
+TOOLS = {
+    "tpukit.train": ["digits_cnn", "--output_dir", "{out}"],
+    "tpukit.check": ["digits_cnn", "--cores", "8", "--tpu-type", "v5e"],
+    "tpukit.smoke": ["--output_dir", "{out}"],
+}
+
+
+@pytest.mark.parametrize("module", sorted(TOOLS))
+def test_every_tool_without_tensorflow_says_what_to_install_and_writes_nothing(tmp_path, module):
+    out = tmp_path / "out"
+    argv = [a.format(out=out) for a in TOOLS[module]]
+    code, stdout, err = run(RUN_TOOL.format(module=module, argv=argv), **ABSENT_TF)
+    assert code == 1, stdout + err
+    assert (
+        "tpukit: error: tpukit needs TensorFlow" in err
+        and 'pip install "tpukit[tensorflow]"' in err
+    ), err
+    assert "Traceback" not in stdout + err
+    assert not out.exists()
+
+
+def test_train_with_keras_out_of_range_says_what_to_install(tmp_path):
+    fake_package(tmp_path, "keras", "3.17.0")
+    out = tmp_path / "out"
+    code, stdout, err = run(
+        RUN_TOOL.format(module="tpukit.train", argv=["digits_cnn", "--output_dir", str(out)]),
+        path=tmp_path,
+    )
+    assert code == 1, stdout + err
+    assert "received keras 3.17.0" in err and versions.keras_install_command() in err, err
+    assert "Traceback" not in stdout + err and not out.exists()

@@ -45,3 +45,14 @@ def get(name: str = "tensorflow"):
     except ImportError as error:
         raise EngineUnavailableError(str(error)) from None
     return importlib.import_module(engine)
+
+
+def unavailable(name: str = "tensorflow") -> str | None:
+    """Why engine `name` cannot run here (its libraries missing or out of range, with the install command), or
+    None. The command-line tools call it first, so such an environment gets that message and exit status 1 before
+    anything imports TensorFlow or Keras."""
+    try:
+        get(name)
+    except EngineUnavailableError as error:
+        return str(error)
+    return None

@@ -42,6 +42,7 @@ import os
 import sys
 from typing import Any
 
+from tpukit import engines
 from tpukit.engines.tensorflow import compat, flops, keras_private
 from tpukit.logs import enable_logging
 from tpukit.planner import check_batch_sizes, eval_batch_size
@@ -685,6 +686,10 @@ def main(argv: list[str] | None = None) -> int:
         "TF_CPP_MIN_LOG_LEVEL", "2"
     )  # TensorFlow's C++ INFO lines would bury the report
     enable_logging()
+    problem = engines.unavailable("tensorflow")  # before anything imports TensorFlow or Keras
+    if problem:
+        print(f"tpukit: error: {problem}", file=sys.stderr)
+        return 1
     try:
         recipe = load_recipe(args.recipe, args.set)
         hbm = args.hbm_gib * 2**30 if args.hbm_gib is not None else None

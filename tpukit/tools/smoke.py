@@ -37,6 +37,7 @@ import tempfile
 import time
 from typing import Any
 
+from tpukit import engines
 from tpukit.engines.tensorflow import export as export_lib
 
 # These load no TensorFlow; the engine, Keras and TensorFlow are imported inside the paths that use them, after
@@ -490,6 +491,10 @@ def main(argv: list[str] | None = None) -> int:
         "TF_CPP_MIN_LOG_LEVEL", "2"
     )  # TensorFlow's C++ INFO lines would bury the report
     enable_logging()
+    problem = engines.unavailable("tensorflow")  # before anything imports TensorFlow or Keras
+    if problem:
+        print(f"tpukit: error: {problem}", file=sys.stderr)
+        return 1
     report = run_smoke(args.output_dir, args.tpu, args.precision)
     print(json.dumps(report, indent=2) if args.json else format_report(report))
     return 0 if report["ok"] else 1
