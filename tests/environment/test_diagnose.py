@@ -1,4 +1,4 @@
-"""tpukit.diagnose: each known environmental error, as TensorFlow/JAX print it (texts copied from the cited public
+"""tpukit.environment.diagnose: each known environmental error, as TensorFlow/JAX print it (texts copied from the cited public
 reports), maps to its cause and fix; unrelated errors map to nothing. No TPU is involved: these are text matches."""
 
 import pytest

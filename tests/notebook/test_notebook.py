@@ -1,4 +1,4 @@
-"""tpukit.notebook: the SMALL default, the output folder (Drive mounted / Colab authenticated for gs://, resume
+"""tpukit.notebook.helpers: the SMALL default, the output folder (Drive mounted / Colab authenticated for gs://, resume
 step reported) and the recipe fallback when data cannot be read. Colab is a fake here: the calls are checked, not a
 real Drive mount."""
 

@@ -1,4 +1,4 @@
-"""tpukit.plots: scalars read back from real TensorBoard event files, the figures drawn from them, the prediction
+"""tpukit.notebook.plots: scalars read back from real TensorBoard event files, the figures drawn from them, the prediction
 grid and the throughput line (matplotlib's Agg backend; what a notebook shows inline is checked by
 tests/notebook/test_notebooks.py)."""
 

@@ -1,4 +1,4 @@
-"""tpukit.sampling: the window it feeds the model, greedy and temperature draws, and text from a trained causal_lm."""
+"""tpukit.notebook.sampling: the window it feeds the model, greedy and temperature draws, and text from a trained causal_lm."""
 
 import math
 

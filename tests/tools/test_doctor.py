@@ -379,7 +379,7 @@ def test_explicit_tpu_argument_wins():
 
 def levels(report):
     """(level, topic) of the findings about TensorFlow, Keras and the accelerator (not this machine's protobuf)."""
-    mine = ("tensorflow", "keras", "accelerator")
+    mine = ("tensorflow", "tensorflow import", "keras", "accelerator")
     return [(f["level"], f["topic"]) for f in report["findings"] if f["topic"] in mine]
 
 
@@ -419,7 +419,7 @@ def test_a_tensorflow_that_does_not_import_is_a_failure_with_the_reinstall():
         raise PROTOBUF_ERROR
 
     (finding,) = doctor.check_import(GOOD_CPU, import_module=broken)
-    assert finding.level == "fail" and finding.topic == "tensorflow"
+    assert finding.level == "fail" and finding.topic == "tensorflow import"
     assert finding.message.startswith(
         "tensorflow 2.21.0 is installed but `import tensorflow` failed: TypeError: Descriptors cannot"
     )
@@ -440,7 +440,7 @@ def test_an_import_failure_skips_the_connection(monkeypatch):
     assert levels(report) == [
         ("ok", "tensorflow"),
         ("ok", "keras"),
-        ("fail", "tensorflow"),
+        ("fail", "tensorflow import"),
         ("skip", "accelerator"),
     ]
     assert "ImportError: libtensorflow_framework.so.2" in report["findings"][-2]["message"]

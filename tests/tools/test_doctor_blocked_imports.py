@@ -158,11 +158,13 @@ def test_tensorflow_installed_but_not_importable():
     installed = importlib.metadata.version("tensorflow")  # what this test machine has
     assert_fails_with(
         result,
-        f"[FAIL] tensorflow: tensorflow {installed} is installed but `import tensorflow` failed: "
+        f"[FAIL] tensorflow import: tensorflow {installed} is installed but `import tensorflow` failed: "
         "ModuleNotFoundError: No module named 'tensorflow'",
         f'fix: `pip install "tensorflow=={installed}" --force-reinstall`, then restart the runtime',
         "[SKIP] accelerator: not checked",
     )
+    # The version line says the version is a tested one; the import line says the import failed: two topics.
+    assert f"[OK  ] tensorflow: tensorflow {installed}" in result[1]
 
 
 def test_tensorflow_out_of_range(tmp_path):

@@ -96,7 +96,8 @@ def check_batch_sizes(recipe: Recipe, replicas: int, train_examples: int) -> int
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """Every decision of one run. Build it with `plan(...)`; `describe()` is the log block."""
+    """Every decision of one run, made by `decide(...)` (`tpukit.plan` gathers the facts); `describe()` is the
+    log block."""
 
     recipe: Recipe
     mode: str
@@ -113,7 +114,7 @@ class Plan:
     total_steps: int
     steps_per_execution: (
         int | str
-    )  # "auto": decided by `runner.build`'s probe, then `resolved(...)`
+    )  # "auto": decided by the engine's probe (`build`), then `resolved(...)`
     eval_steps: int | None  # global steps of one pass over the eval split; None without evaluation
     precision: str
     precision_reason: str

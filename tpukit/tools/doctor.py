@@ -534,7 +534,7 @@ def check_import(
         explanation = diagnose.explain(error)
         if explanation:
             message += f" {explanation}"
-        return [Finding("fail", "tensorflow", message, _reinstall_fix(installed))]
+        return [Finding("fail", "tensorflow import", message, _reinstall_fix(installed))]
     return []
 
 
@@ -641,7 +641,9 @@ def check_accelerator(
 
 
 def _tensorflow_failed(findings: list[Finding]) -> bool:
-    return any(f.level == "fail" and f.topic == "tensorflow" for f in findings)
+    return any(
+        f.level == "fail" and f.topic in ("tensorflow", "tensorflow import") for f in findings
+    )
 
 
 def diagnose_environment(

@@ -1,4 +1,4 @@
-"""tpukit.export: model.keras + a SavedModel `serve` endpoint that reproduce the model, float32 out."""
+"""tpukit.engines.tensorflow.export: model.keras + a SavedModel `serve` endpoint that reproduce the model, float32 out."""
 
 import keras
 import numpy as np

@@ -1,4 +1,4 @@
-"""tpukit.flops: exact FLOP counts on hand-computed models, the TPU peak table, the measured CPU peak and its cache."""
+"""tpukit.engines.tensorflow.flops: exact FLOP counts on hand-computed models, the TPU peak table, the measured CPU peak and its cache."""
 
 import json
 import time

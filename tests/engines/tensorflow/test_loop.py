@@ -1,4 +1,4 @@
-"""tpukit.loop: steps_per_execution > 1 on 2 and 4 virtual-CPU replicas matches one device step for step."""
+"""tpukit.engines.tensorflow.loop: steps_per_execution > 1 on 2 and 4 virtual-CPU replicas matches one device step for step."""
 
 from helpers import REPO  # noqa: I001
 import os

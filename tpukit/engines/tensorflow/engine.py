@@ -442,7 +442,7 @@ def evaluate(session: Session, outcome) -> dict[str, float]:
 
 
 def export(session: Session, outcome) -> dict[str, str]:
-    """`model.keras` and the SavedModel `serve` endpoint (see `tpukit.export`); {} in eval mode or when preempted."""
+    """`model.keras` and the SavedModel `serve` endpoint (see `tpukit.engines.tensorflow.export`); {} in eval mode or when preempted."""
 
     if not session.plan.training or outcome.status == "preempted":
         return {}
