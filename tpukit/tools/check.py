@@ -38,17 +38,15 @@ import argparse
 import dataclasses
 import json
 import math
-import os
 import sys
 from typing import Any
 
-from tpukit import engines
 from tpukit.engines.tensorflow import compat, flops, keras_private
-from tpukit.logs import enable_logging
 from tpukit.planner import check_batch_sizes, eval_batch_size
 from tpukit.planner import hardware as performance
 from tpukit.planner.rules import PATH_SUFFIXES, Rule, Target, input_paths_rule  # noqa: F401
 from tpukit.recipe import Recipe, RecipeError, load_recipe
+from tpukit.tools import start_tool
 
 RULES = (
     "static_shapes",
@@ -682,11 +680,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
-    os.environ.setdefault(
-        "TF_CPP_MIN_LOG_LEVEL", "2"
-    )  # TensorFlow's C++ INFO lines would bury the report
-    enable_logging()
-    problem = engines.unavailable("tensorflow")  # before anything imports TensorFlow or Keras
+    problem = start_tool()
     if problem:
         print(f"tpukit: error: {problem}", file=sys.stderr)
         return 1

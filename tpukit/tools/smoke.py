@@ -30,14 +30,12 @@ import contextlib
 import dataclasses
 import json
 import math
-import os
 import shutil
 import sys
 import tempfile
 import time
 from typing import Any
 
-from tpukit import engines
 from tpukit.engines.tensorflow import export as export_lib
 
 # These load no TensorFlow; the engine, Keras and TensorFlow are imported inside the paths that use them, after
@@ -45,8 +43,8 @@ from tpukit.engines.tensorflow import export as export_lib
 from tpukit.engines.tensorflow import flops
 from tpukit.engines.tensorflow import strategy as strategy_lib
 from tpukit.environment import diagnose
-from tpukit.logs import enable_logging
 from tpukit.recipe import from_dict
+from tpukit.tools import start_tool
 
 STEPS_PER_EXECUTION = 4
 # (examples per replica per step, steps per epoch) on a CPU and on an accelerator: small enough for the test suite
@@ -487,11 +485,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", action="store_true", help="print the report as one JSON object")
     args = parser.parse_args(argv)
-    os.environ.setdefault(
-        "TF_CPP_MIN_LOG_LEVEL", "2"
-    )  # TensorFlow's C++ INFO lines would bury the report
-    enable_logging()
-    problem = engines.unavailable("tensorflow")  # before anything imports TensorFlow or Keras
+    problem = start_tool()
     if problem:
         print(f"tpukit: error: {problem}", file=sys.stderr)
         return 1
