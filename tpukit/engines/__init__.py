@@ -8,6 +8,7 @@ on JAX with `keras.distribution`) implements the same functions as `tpukit.engin
 
 from __future__ import annotations
 
+import functools
 import importlib
 
 # name -> (the check that runs first, as "module:function", importing nothing heavy itself; the engine module)
@@ -27,6 +28,7 @@ class EngineUnavailableError(ImportError):
     """The engine's libraries are missing or outside the tested range; the message holds the install command."""
 
 
+@functools.cache  # the checks pass once per process (a failure is not cached: it raises)
 def get(name: str = "tensorflow"):
     """The engine module `name`, after its environment checks (versions, Keras backend) pass.
 
