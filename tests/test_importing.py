@@ -107,11 +107,18 @@ def test_tpukit_log_lines_follow_the_current_stderr(capsys):
         # One module per package that sets the default (each package's __init__ runs first), plus the paths
         # where TensorFlow, not Keras, is imported first (it fixes Keras' backend through keras.src.backend.config).
         "tpukit.task.losses",
-        "tpukit.runner",
-        "tpukit.engines.tensorflow.trainer",
         "tpukit.engines.tensorflow.checkpoint",
-        "tpukit.notebook.helpers",
-        "tpukit.tools.doctor",
+        *(
+            pytest.param(
+                m, marks=pytest.mark.slow
+            )  # ~5 s each (a TensorFlow import): the slow tier
+            for m in (
+                "tpukit.runner",
+                "tpukit.engines.tensorflow.trainer",
+                "tpukit.notebook.helpers",
+                "tpukit.tools.doctor",
+            )
+        ),
     ],
 )
 def test_every_module_that_imports_keras_loads_it_on_tensorflow_whatever_keras_json_says(

@@ -161,10 +161,11 @@ def test_model_matches_the_pipeline_at_full_size(name, local_data, mock_tfds):
 
 
 def _training_cases():
-    """Every recipe on the default strategy; on 2 replicas too in the slow tier (digits_cnn in every tier)."""
+    """Every recipe on the default strategy; on 2 replicas too in the slow tier (tests/test_run.py trains on 2
+    replicas in the default tier)."""
     for replicas, label in ((1, "default"), (2, "mirrored2")):
         for name in RECIPE_NAMES:
-            slow = name in SLOW_TO_TRAIN or (replicas == 2 and name != "digits_cnn")
+            slow = name in SLOW_TO_TRAIN or replicas == 2
             yield pytest.param(
                 name, replicas, id=f"{name}-{label}", marks=[pytest.mark.slow] if slow else []
             )

@@ -144,6 +144,7 @@ def test_a_resume_reads_only_the_batches_already_trained_in_its_epoch():
     assert 3 * 8 <= int(counter.numpy()) < 2 * 40
 
 
+@pytest.mark.slow  # a SIGTERM resume stays in the default tier: tests/test_user_model.py
 def test_a_sigterm_resume_in_a_later_epoch_continues_that_epochs_order(tmp_path, monkeypatch):
     # Step 60 is in epoch 2: the resumed pipeline starts at epoch 2's own shuffle (seeded by (seed, 2)) and skips the
     # 16 batches already trained in it, instead of replaying from step 0; the weights equal an uninterrupted run's.
