@@ -66,6 +66,7 @@ def test_global_batch_that_does_not_divide_by_replicas_shows_both_numbers(tmp_pa
     assert not (tmp_path / "out").exists()  # nothing written before validation passed
 
 
+@pytest.mark.slow  # the default tier has tests/engines/tensorflow/test_loop.py's 2-replica multi-step case
 def test_steps_per_execution_on_two_replicas_matches_the_step_count_and_checkpoints(tmp_path):
     # Stock Keras 3.15 fails here ("You must feed a value for placeholder tensor"); tpukit's loop does not.
     metrics = run(

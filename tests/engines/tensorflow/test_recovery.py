@@ -54,7 +54,7 @@ def exported_counts(output_dir):
 # ---- exact eval at steps_per_execution > 1 ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("replicas", [1, 2])
+@pytest.mark.parametrize("replicas", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_eval_is_exact_when_eval_steps_do_not_divide_by_steps_per_execution(tmp_path, replicas):
     # 360 test images / 32 = 12 eval steps; steps_per_execution 11 (a divisor of the 44-step epoch) does not
     # divide 12: the second execution of each eval pass must end where the finite pass ends (1 batch in).

@@ -4,6 +4,7 @@ and the eval stays exact over the examples that remain."""
 
 import json
 
+import pytest
 import yaml
 from helpers import run_cli
 from test_data_corrupt import _write
@@ -52,6 +53,7 @@ def test_a_corrupt_image_stops_the_run_with_its_file_and_record(tmp_path):
     )
 
 
+@pytest.mark.slow  # the default tier keeps the corrupt-image stop below
 def test_skip_corrupt_skips_counts_and_reports(tmp_path):
     result = run_cli(_recipe(tmp_path, True), "--output_dir", str(tmp_path / "out"))
     assert result.returncode == 0, result.stderr[-3000:]

@@ -292,7 +292,9 @@ def test_a_save_is_due_once_the_time_since_the_last_outweighs_its_cost(tmp_path,
     assert checkpointer.save_is_due(0.02) and not checkpointer.save_is_due(0.01)
 
 
-@pytest.mark.parametrize("at", [100, 132])  # in the third epoch; at the very last step
+@pytest.mark.parametrize(
+    "at", [100, pytest.param(132, marks=pytest.mark.slow)]
+)  # in the third epoch; at the very last step
 def test_a_nan_late_in_a_short_run_rolls_back_with_the_default_checkpoint_cadence(tmp_path, at):
     # 3 epochs of 44 steps take ~1 s: the default bound skips the epoch-end saves, but a new run saves its initial
     # weights, so a rollback has a checkpoint to go back to (before, the run failed: "nothing to roll back to").
