@@ -42,7 +42,7 @@ def make_plan(
     recipe.validate()
     evaluating = planner.check_request(recipe, mode, checkpoint)
     hardware = engine.hardware(recipe, strategy, output_dir)
-    output_dir = planner.worker_output_dir(hardware, output_dir)
+    output_dir = planner.worker_output_dir(hardware.worker, output_dir)
     checkpoint_dir = os.path.join(output_dir, "checkpoints")
     found = engine.checkpoints(checkpoint_dir, checkpoint)
     planner.check_checkpoint(mode, checkpoint, checkpoint_dir, found)  # before counting the data

@@ -12,7 +12,14 @@ import pytest
 from helpers import REPO, digits_recipe
 
 from tpukit import data
-from tpukit.planner import CheckpointFacts, DataFacts, Hardware, decide, eval_steps
+from tpukit.planner import (
+    CheckpointFacts,
+    DataFacts,
+    Hardware,
+    decide,
+    eval_steps,
+    worker_output_dir,
+)
 from tpukit.recipe import RecipeError, from_dict
 
 CPU = Hardware("tensorflow", "default", 1, 1)
@@ -52,9 +59,7 @@ def test_decide_resumes_from_the_newest_checkpoint_and_evaluates_one_without_res
 
 def test_a_non_chief_worker_plans_under_its_own_directory():
     worker = Hardware("tensorflow", "multi_worker", 2, 2, worker="worker1")
-    from tpukit.planner import worker_output_dir
-
-    out = worker_output_dir(worker, "runs/x")
+    out = worker_output_dir(worker.worker, "runs/x")
     plan = decide(
         recipe(**{"runtime.steps_per_execution": 1}),
         worker,

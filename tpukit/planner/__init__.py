@@ -12,7 +12,6 @@ gathers the facts and calls `decide`; the engine reads only the `Plan`.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import math
 import os
 from typing import Any
@@ -21,8 +20,6 @@ from tpukit.planner import hardware as hardware_choices
 from tpukit.planner import steps as steps_lib
 from tpukit.planner.rules import Target, input_paths_rule
 from tpukit.recipe import Recipe, RecipeError
-
-logger = logging.getLogger("tpukit")
 
 MODES = ("train_and_eval", "train", "eval")
 
@@ -292,9 +289,10 @@ def eval_steps(examples: int, eval_global_batch_size: int, input_pipelines: int)
     return math.ceil(math.ceil(examples / input_pipelines) / per_pipeline)
 
 
-def worker_output_dir(hardware: Hardware, output_dir: str) -> str:
-    """Where this task writes: `output_dir`, or `output_dir/workerN` for a non-chief multi-worker task."""
-    return os.path.join(output_dir, hardware.worker) if hardware.worker else output_dir
+def worker_output_dir(worker: str | None, output_dir: str) -> str:
+    """Where this task writes: `output_dir`, or `output_dir/workerN` for a non-chief multi-worker task (`worker`,
+    `Hardware.worker`)."""
+    return os.path.join(output_dir, worker) if worker else output_dir
 
 
 def decide(

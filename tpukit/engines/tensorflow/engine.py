@@ -60,11 +60,12 @@ def hardware(recipe: Recipe, strategy, output_dir: str) -> Hardware:
             raise RecipeError(str(error)) from None
     kind = strategy_lib.kind_of(strategy)
     worker = strategy_lib.worker_subdir(strategy)
+    task_dir = planner.worker_output_dir(worker, output_dir)
     if worker:
         logger.info(
             "tpukit: this is multi-worker task %s (not the chief): its outputs go to %s",
             worker,
-            os.path.join(output_dir, worker),
+            task_dir,
         )
     value = recipe.runtime.steps_per_execution
     return Hardware(
@@ -73,7 +74,7 @@ def hardware(recipe: Recipe, strategy, output_dir: str) -> Hardware:
         replicas=strategy.num_replicas_in_sync,
         input_pipelines=strategy_lib.num_input_pipelines(strategy),
         worker=worker,
-        io_device=io_device_for(strategy, os.path.join(output_dir, worker or "")),
+        io_device=io_device_for(strategy, task_dir),
         gpu_compute_capability=(
             _gpu_compute_capability()
             if kind in ("one_device", "mirrored", "multi_worker")
