@@ -40,12 +40,27 @@ class RecipeError(ValueError):
     """A recipe (or an override) is invalid. The message names the file, key, value received and the fix."""
 
 
+# Keys of the `model` section that tpukit reads itself (fine-tuning); every other key goes to the builder.
+MODEL_FIELDS = ("name", "init_weights", "freeze", "lora_rank")
+
+# What a model's output is trained to predict (`train.task`); "auto" infers it from the model and the labels.
+TASKS = ("auto", "classification", "binary", "multi_label", "regression")
+Task = Literal["auto", "classification", "binary", "multi_label", "regression"]
+
+
 @dataclasses.dataclass
 class ModelConfig:
-    """`name` picks a builder in `tpukit.models.MODELS`; every other key is passed to that builder."""
+    """`name` picks a builder in `tpukit.models.MODELS`; every other key is passed to that builder, except the
+    fine-tuning keys below, which tpukit applies to the built model (a new run only: a resume restores its own)."""
 
     name: str
     kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # Weights to start from: a `.keras` file, a `.weights.h5` file or a tpukit output directory (its model.keras).
+    init_weights: str | None = None
+    # Regular expressions (re.search) over layer names (and weight paths): matching layers are not trained.
+    freeze: tuple[str, ...] | None = None
+    # LoRA rank for every Dense and EinsumDense layer not frozen (Keras' `layer.enable_lora(rank)`); null: none.
+    lora_rank: int | None = None
 
     def __post_init__(self):
         _validate_model(self)
@@ -117,6 +132,17 @@ class TrainConfig:
     max_nan_retries: int = (
         3  # rollbacks to the last checkpoint after a non-finite loss before giving up
     )
+    # What each output predicts: auto (inferred from the model's outputs and the labels), classification (integer,
+    # one-hot or soft labels), binary, multi_label or regression; a mapping of output name -> task for several.
+    task: Task | dict[str, Task] = "auto"
+    # The loss instead of the task's: a Keras loss name ("huber") or "module.path:function"; a mapping per output.
+    loss: str | dict[str, str] | None = None
+    loss_weights: dict[str, float] | tuple[float, ...] | None = None  # several outputs: weight of each loss
+    # Metrics instead of the task's (Keras names or "module.path:function"); a mapping per output name.
+    metrics: tuple[str, ...] | dict[str, tuple[str, ...]] | None = None
+    gradient_accumulation_steps: int | None = None  # apply the summed gradients every k steps; null: every step
+    ema_momentum: float | None = None  # keep an exponential moving average of the weights (e.g. 0.999); null: none
+    global_clipnorm: float | None = None  # clip the gradients' global norm to this; null: no clipping
 
     def __post_init__(self):
         _validate_train(self)
@@ -202,8 +228,13 @@ class Recipe:
             if f.name != "options"
         }
         data.update(self.data.options)
+        tuned = {
+            key: getattr(self.model, key)
+            for key in MODEL_FIELDS[1:]
+            if getattr(self.model, key) is not None
+        }
         return {
-            "model": {"name": self.model.name, **self.model.kwargs},
+            "model": {"name": self.model.name, **self.model.kwargs, **tuned},
             "data": data,
             "train": dataclasses.asdict(self.train),
             "runtime": dataclasses.asdict(self.runtime),
@@ -541,8 +572,23 @@ def _validate_model(config: ModelConfig) -> None:
     builder = _lookup(MODELS, config.name, "model.name")
     params = _signature_params(builder, skip=())
     config.kwargs = _check_kwargs(
-        builder, config.kwargs, params, "model", f" for model {config.name!r}", ("name",)
+        builder, config.kwargs, params, "model", f" for model {config.name!r}", MODEL_FIELDS
     )
+    _check_fields(config, "model", skip=("name", "kwargs"))
+    if config.init_weights == "":
+        raise RecipeError(
+            "model.init_weights must name a .keras file, a .weights.h5 file or a tpukit output directory; received "
+            "''. Fix: e.g. init_weights: runs/pretrained, or null."
+        )
+    for pattern in config.freeze or ():
+        try:
+            re.compile(pattern)
+        except re.error as error:
+            raise RecipeError(
+                f"model.freeze holds {pattern!r}, which is not a regular expression ({error}). Fix: e.g. "
+                "freeze: ['^conv', 'embedding'] (matched with re.search against layer names)."
+            ) from None
+    _count("model.lora_rank", config.lora_rank, example=8)
 
 
 def _check_source_signature(name: str, source) -> None:
@@ -609,6 +655,22 @@ def _validate_train(config: TrainConfig) -> None:
         if getattr(config, key) == "":
             raise RecipeError(
                 f"train.{key} must name a metric; received ''. Fix: e.g. {key}: val_accuracy, or null."
+            )
+    _count("train.gradient_accumulation_steps", config.gradient_accumulation_steps, example=4)
+    _in_range("train.ema_momentum", config.ema_momentum, 0, 1, low_open=True, high_open=True, example=0.999)
+    _in_range("train.global_clipnorm", config.global_clipnorm, 0, low_open=True, example=1.0)
+    weights = config.loss_weights
+    values = weights.values() if isinstance(weights, dict) else (weights or ())
+    for value in values:
+        _in_range("train.loss_weights", value, 0, example="{output_a: 1.0, output_b: 0.2}")
+    for key in ("loss", "metrics"):
+        value = getattr(config, key)
+        names = value.values() if isinstance(value, dict) else [value]
+        if any(name == "" or name == () for name in names):
+            raise RecipeError(
+                f"train.{key} must name a Keras {key[:-1] if key == 'metrics' else key} or a "
+                f"'module.path:function'; received {_show(value)}. Fix: e.g. {key}: "
+                f"{'[mae]' if key == 'metrics' else 'huber'}, or null for the task's own."
             )
     if config.optimizer == "adam" and config.weight_decay > 0:
         raise RecipeError(
@@ -708,7 +770,8 @@ def _from_sections(raw: Any, path: str) -> Recipe:
     model_raw = dict(sections["model"])
     if "name" not in model_raw:
         raise _missing_key_error("model", "name", str, f" (one of {', '.join(sorted(MODELS))})")
-    model = ModelConfig(name=model_raw.pop("name"), kwargs=model_raw)
+    tuned = {key: model_raw.pop(key) for key in MODEL_FIELDS[1:] if key in model_raw}
+    model = ModelConfig(name=model_raw.pop("name"), kwargs=model_raw, **tuned)
     if "source" not in sections["data"]:
         raise _missing_key_error("data", "source", str, f" (one of {', '.join(sorted(SOURCES))})")
     data_known, options = _split_section(DataConfig, sections["data"], "data", open_ended=True)

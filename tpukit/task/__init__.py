@@ -23,6 +23,7 @@ from tpukit.data import EXAMPLE_COUNTS, SOURCES, run_args
 from tpukit.models import MODELS
 from tpukit.planner import DataFacts, eval_batch_size
 from tpukit.recipe import Recipe, RecipeError
+from tpukit.task import finetune
 from tpukit.task.losses import WeightedLoss, build_loss
 from tpukit.task.optim import build_optimizer
 
@@ -158,14 +159,22 @@ def exact_metrics(label_smoothing: float) -> list:
     return metrics + ([WeightedLoss(label_smoothing)] if label_smoothing else [])
 
 
-def build_model(recipe: Recipe, total_steps: int, jit_compile: bool, steps_per_execution: int):
-    """The recipe's model, built and compiled in the caller's distribution scope and dtype policy (the engine's)."""
+def build_model(
+    recipe: Recipe,
+    total_steps: int,
+    jit_compile: bool,
+    steps_per_execution: int,
+    resuming: bool = False,
+):
+    """The recipe's model, built and compiled in the caller's distribution scope and dtype policy (the engine's).
+    `resuming`: a checkpoint will be restored into it, so `model.init_weights` is not loaded."""
     model = MODELS[recipe.model.name](**recipe.model.kwargs)
     if not isinstance(model, keras.Model):
         raise RecipeError(
             f"{recipe.path}: model.name={recipe.model.name!r} returned a {type(model).__name__}, not a "
             "keras.Model. Fix: make the builder return the model (uncompiled; tpukit compiles it)."
         )
+    finetune.prepare(model, recipe.model, resuming, recipe.path)
     optimizer = build_optimizer(
         recipe.train, total_steps, global_batch_size=recipe.data.global_batch_size
     )

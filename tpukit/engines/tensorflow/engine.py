@@ -31,7 +31,7 @@ from tpukit import __version__, data, planner, task
 from tpukit.engines import OutputDirError
 from tpukit.engines.tensorflow import callbacks as callbacks_lib
 from tpukit.engines.tensorflow import checkpoint as checkpoint_lib
-from tpukit.engines.tensorflow import cluster, flops, loop, trainer
+from tpukit.engines.tensorflow import cluster, flops, loop, sparse, trainer
 from tpukit.engines.tensorflow import strategy as strategy_lib
 from tpukit.engines.tensorflow.export import export_model, io_device_for
 from tpukit.environment import diagnose
@@ -93,9 +93,20 @@ def checkpoints(checkpoint_dir: str, checkpoint: str | None) -> CheckpointFacts:
     )
 
 
-def _compiled(recipe: Recipe, strategy, total_steps: int, jit: bool, steps_per_execution: int):
+def _compiled(
+    recipe: Recipe,
+    strategy,
+    total_steps: int,
+    jit: bool,
+    steps_per_execution: int,
+    resuming: bool = False,
+):
     with strategy.scope():
-        return task.build_model(recipe, total_steps, jit, steps_per_execution)
+        model = task.build_model(recipe, total_steps, jit, steps_per_execution, resuming=resuming)
+        # Keras' TensorFlow optimizers apply a repeated embedding id's gradient once per occurrence
+        # (tensorflow/tensorflow#28090): one summed gradient per row, as the optimizer's definition (and JAX) says.
+        sparse.combine_repeated_ids(model.optimizer)
+        return model
 
 
 def _probe_steps_per_execution(
@@ -341,6 +352,7 @@ def build(the_plan: Plan) -> Session:
             the_plan.total_steps,
             the_plan.jit_compile,
             the_plan.steps_per_execution,
+            resuming=the_plan.resume_step > 0,
         )
     except ValueError as error:  # builder or optimizer arguments that do not fit together
         raise RecipeError(f"{recipe.path}: {error}") from None
