@@ -265,13 +265,31 @@ def test_a_model_that_does_not_fit_its_data_is_refused_before_anything_is_writte
             str(tmp_path / "shape"),
         )
     assert not (tmp_path / "shape").exists()
+    (user_package / "my_pkg" / "three.py").write_text(
+        textwrap.dedent("""
+        import numpy as np
+        import tensorflow as tf
+
+        def source(split="train", input_context=None, size: int = 64):
+            x = np.random.RandomState(0).randn(size, 4).astype("float32")
+            y = (x.sum(1) > 0).astype("int32") + (x[:, 0] > 0.5).astype("int32")  # classes 0, 1, 2
+            return tf.data.Dataset.from_tensor_slices((x, y))
+    """)
+    )
+    three = {**base, "data": {**base["data"], "source": "my_pkg.three:source"}}
     with pytest.raises(
-        RecipeError, match=r"has label 1, but model .* outputs 1 classes.*model.num_classes=2"
+        RecipeError,
+        match=r"has 2 classes \(ids 0..1\) but the labels seen in 128 examples range over \[0, 2\]\. "
+        r"Fix: set model.num_classes to at least 3 \(e.g. --set model.num_classes=3\)",
     ):
         tpukit.run(
-            from_dict({**base, "model": {"name": "my_pkg.models:build_model", "num_classes": 1}}),
+            from_dict({**three, "model": {"name": "my_pkg.models:build_model", "num_classes": 2}}),
             str(tmp_path / "labels"),
         )
+    assert not (tmp_path / "labels").exists()
+    # The printed fix works.
+    fixed = from_dict({**three, "model": {"name": "my_pkg.models:build_model", "num_classes": 3}})
+    assert tpukit.run(fixed, str(tmp_path / "labels"))["step"] == 2
 
 
 def test_fit_without_labels_is_a_recipe_error(tmp_path):

@@ -9,8 +9,10 @@ recipe run (preemption-safe resume, multi-replica `steps_per_execution`, exact e
 
 For the duration of the call it registers the builder and the data as a model and a source (the registries are
 as before once it returns or raises), builds a `Recipe` and calls `tpukit.run`, so running the same call again
-resumes from `output_dir`. Models return logits for integer labels (tpukit compiles them with
-sparse categorical cross-entropy from logits, accuracy and an exact weighted cross-entropy).
+resumes from `output_dir`. Any model Keras trains fits: several named inputs (x as a dict, by input name, or a
+tuple), several outputs (y as a dict by output name, or a tuple), class ids, one-hot or soft labels, binary,
+multi-label and regression targets. The loss and metrics follow from the model and the labels
+(`tpukit.task.targets`), or from `loss=`/`metrics=`, or from the model's own `compile`.
 """
 
 from __future__ import annotations
@@ -22,25 +24,59 @@ from typing import Any
 
 from tpukit.recipe import DataConfig, RecipeError, RuntimeConfig, TrainConfig, from_dict
 from tpukit.recipe.registry import register_model, register_source
+from tpukit.recipe.schema import MODEL_FIELDS
 
 _SECTIONS = {"data": DataConfig, "train": TrainConfig, "runtime": RuntimeConfig}
 _ABSENT = object()  # a registry had no entry under the name
 
 
 def _section_of(key: str) -> str:
+    if key in MODEL_FIELDS[1:]:
+        return "model"
     for section, config in _SECTIONS.items():
         if key in {f.name for f in dataclasses.fields(config)} and key not in ("source", "options"):
             return section
     valid = sorted(
-        f.name
-        for c in _SECTIONS.values()
-        for f in dataclasses.fields(c)
-        if f.name not in ("source", "options")
+        [
+            f.name
+            for c in _SECTIONS.values()
+            for f in dataclasses.fields(c)
+            if f.name not in ("source", "options")
+        ]
+        + list(MODEL_FIELDS[1:])
     )
     raise RecipeError(f"tpukit.fit: unknown setting {key!r}. Valid settings: {', '.join(valid)}.")
 
 
+def _length(arrays, what: str) -> int:
+    """The one length of a NumPy array or of every array in a dict, list or tuple of them."""
+    import numpy as np
+
+    leaves = [
+        np.asarray(a)
+        for a in (
+            arrays.values()
+            if isinstance(arrays, dict)
+            else arrays
+            if isinstance(arrays, (list, tuple))
+            else [arrays]
+        )
+    ]
+    lengths = {len(a) if a.ndim else 0 for a in leaves}
+    if len(lengths) != 1 or 0 in lengths:
+        shown = (
+            {k: len(v) for k, v in arrays.items()} if isinstance(arrays, dict) else sorted(lengths)
+        )
+        raise RecipeError(
+            f"tpukit.fit: the arrays of {what} must all hold one example per row, the same number of rows; "
+            f"received lengths {shown}. Fix: pass arrays of equal length (a dict of them for named inputs)."
+        )
+    return lengths.pop()
+
+
 def _arrays_source(x, y, validation_data) -> Callable:
+    import numpy as np
+
     from tpukit import data
 
     def source(split: str = "train", input_context=None):
@@ -50,6 +86,16 @@ def _arrays_source(x, y, validation_data) -> Callable:
             raise ValueError(f"no data for split {split!r}: pass validation_data=(x, y)")
         return data.arrays(*validation_data, input_context)
 
+    def labels(split: str):
+        """Every label of a split (the task and the label range are checked on all of them)."""
+        chosen = y if split == "train" else validation_data[1]
+        if isinstance(chosen, dict):
+            return {k: np.asarray(v) for k, v in chosen.items()}
+        if isinstance(chosen, (list, tuple)):
+            return tuple(np.asarray(v) for v in chosen)
+        return np.asarray(chosen)
+
+    source.tpukit_labels = labels
     return source
 
 
@@ -72,7 +118,10 @@ def fit(
     epochs: int,
     batch_size: int,
     output_dir: str,
-    learning_rate: float = 1e-3,
+    learning_rate: float | None = None,
+    loss=None,
+    metrics=None,
+    loss_weights=None,
     strategy=None,
     callbacks: list | None = None,
     name: str | None = None,
@@ -81,20 +130,27 @@ def fit(
     """Trains `model_fn()` with tpukit's trainer; returns the metrics written to `output_dir/metrics.json`.
 
     Args:
-        model_fn: a function returning a `keras.Model` that outputs logits (built under the strategy's scope; its
-            keyword parameters, if any, take their defaults).
-        x, y: training arrays (Keras-style), or None with `dataset_fn`.
+        model_fn: a function returning a `keras.Model` (built under the strategy's scope; its keyword parameters,
+            if any, take their defaults). It may compile the model: its loss, metrics and optimizer are kept.
+        x, y: training arrays (Keras-style: a dict of arrays by input or output name, or a tuple, for several),
+            or None with `dataset_fn`.
         dataset_fn: `dataset_fn(split) -> tf.data.Dataset` of unbatched `(features, label)` for split "train" and,
             with validation, "validation"; tpukit shards it per host, batches, shuffles and pads eval.
         validation_data: `(x_val, y_val)` arrays, or True to read split "validation" from `dataset_fn`.
-        epochs, batch_size, learning_rate: as in a recipe's `train.epochs`, `data.global_batch_size` (global, summed
-            over replicas) and `train.learning_rate`.
+        epochs, batch_size: as in a recipe's `train.epochs` and `data.global_batch_size` (global, summed over
+            replicas).
+        learning_rate: `train.learning_rate`; None: the model's own optimizer if `model_fn` compiled one, else
+            Adam at 0.001.
+        loss, metrics, loss_weights: as in `keras.Model.compile` (names, or Keras objects and functions; a dict by
+            output name for several outputs). Default: the model's own compile, else the task's (inferred from
+            the model and the labels, or `task=`). Metrics are compiled as weighted metrics, so evaluation is exact.
         output_dir: checkpoints, logs, `model.keras`, `metrics.json`; calling again with it resumes.
         strategy: a `tf.distribute.Strategy` (default: `tpukit.connect()`).
         callbacks: extra Keras callbacks.
         name: the registered model/source name (default: model_fn's module and name).
         **settings: any other key of a recipe's `data`, `train` or `runtime` section, e.g. `optimizer="adamw"`,
-            `steps_per_execution=8`, `checkpoint_every_steps=100`, `precision="mixed_bfloat16"`.
+            `steps_per_execution=8`, `checkpoint_every_steps=100`, `precision="mixed_bfloat16"`, `task="binary"`,
+            and the model section's `init_weights`, `freeze`, `lora_rank`.
     """
     from tpukit.runner import run
 
@@ -102,11 +158,15 @@ def fit(
         raise RecipeError(
             "tpukit.fit: pass either x and y (arrays) or dataset_fn, not both and not neither."
         )
-    if x is not None and (y is None or len(x) != len(y)):
-        received = "no y" if y is None else f"len(x)={len(x)}, len(y)={len(y)}"
+    if x is not None and y is None:
         raise RecipeError(
-            f"tpukit.fit: x and y must be arrays of the same length (integer class labels in y); received {received}."
-            " Fix: pass y, e.g. tpukit.fit(build_model, x_train, y_train, ...)."
+            "tpukit.fit: x and y must be arrays of the same length (the labels in y); received no y. Fix: pass y, "
+            "e.g. tpukit.fit(build_model, x_train, y_train, ...)."
+        )
+    if x is not None and _length(x, "x") != _length(y, "y"):
+        raise RecipeError(
+            f"tpukit.fit: x and y must hold the same number of examples; received {_length(x, 'x')} in x and "
+            f"{_length(y, 'y')} in y. Fix: pass the labels of every example of x."
         )
     name = (
         name
@@ -129,9 +189,46 @@ def fit(
     }
     for key, value in settings.items():
         raw[_section_of(key)][key] = value
-    with _registered(name, model_fn, source):
+    objects = {}
+    for key, value in (("loss", loss), ("metrics", metrics), ("loss_weights", loss_weights)):
+        if value is not None:
+            raw["train"][key], named = _by_name(name, key, value)
+            objects.update(named)
+    with _registered(name, model_fn, source), _objects(objects):
         recipe = from_dict(raw, f"tpukit.fit({name})")
         return run(recipe, output_dir, strategy=strategy, callbacks=callbacks)
+
+
+def _by_name(name: str, key: str, value) -> tuple[Any, dict]:
+    """`value` as recipe data: names kept, Keras objects and functions registered under generated names."""
+    if key == "loss_weights" or isinstance(value, str):
+        return value, {}
+    if isinstance(value, dict):
+        pairs = [_by_name(f"{name}.{output}", key, v) for output, v in value.items()]
+        return dict(zip(value, (p[0] for p in pairs), strict=True)), {
+            k: v for p in pairs for k, v in p[1].items()
+        }
+    if key == "metrics" and isinstance(value, (list, tuple)):
+        pairs = [_by_name(f"{name}[{i}]", "metric", v) for i, v in enumerate(value)]
+        return [p[0] for p in pairs], {k: v for p in pairs for k, v in p[1].items()}
+    registered = f"{name}:{key}"
+    return registered, {registered: value}
+
+
+@contextlib.contextmanager
+def _objects(named: dict) -> Iterator[None]:
+    """Loss and metric objects given to `tpukit.fit`, resolvable by their generated names during the call."""
+    if not named:
+        yield
+        return
+    from tpukit.task.compiling import OBJECTS
+
+    OBJECTS.update(named)
+    try:
+        yield
+    finally:
+        for key in named:
+            OBJECTS.pop(key, None)
 
 
 @contextlib.contextmanager

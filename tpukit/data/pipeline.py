@@ -290,6 +290,7 @@ def eval_batches(
     private_threadpool_size: int = 0,
     repeat: bool = False,
     steps: int | None = None,
+    weight_ranks=None,
 ) -> tf.data.Dataset:
     """Per-replica `(features, label, weight)` batches that see every example exactly once, with static shapes.
 
@@ -301,7 +302,10 @@ def eval_batches(
     dataset ends, so one pass is exact at any `steps_per_execution` (tpukit's runner reads it that way).
     `repeat=True` repeats the passes, for loops that cannot end an execution early; then pass
     `steps=padded_eval_steps(...)`, which pads each pass with whole zero-weight batches to whole executions (`steps`:
-    global steps per pass, at least `eval_steps(...)`). Other arguments are as in `training_batches`.
+    global steps per pass, at least `eval_steps(...)`). `weight_ranks`: per label (a structure like the labels),
+    the label dimensions after the batch that the weights keep: the shape of that output's per-example loss (0 for
+    one-hot, binary or regression labels, whose loss reduces the last axis). None: weights shaped like each label
+    (integer class labels, whose loss has the label's shape). Other arguments are as in `training_batches`.
     """
     batch = per_replica_batch_size(global_batch_size, input_context)
     pipelines = input_context.num_input_pipelines if input_context else 1
@@ -313,11 +317,21 @@ def eval_batches(
         )
     batches = (steps or needed) * replicas_per_pipeline
 
+    def weights_of(label, rank=None):
+        ones = tf.ones_like(label, tf.float32)
+        if rank is None or rank >= label.shape.rank - 1:
+            return ones
+        return ones[(slice(None),) * (1 + rank) + (0,) * (label.shape.rank - 1 - rank)]
+
     def weighted(features, label):
-        # Weights shaped like the label, so per-token losses ([B, T] labels of a language model) are weighted too.
-        # Batched first and padded per batch: a map per example cost ~30 us each (250 ms per pass of 8k examples).
-        weight = tf.ones_like(label, tf.float32)
-        short = batch - tf.shape(label)[0]
+        # Weights shaped like each output's loss, so per-token losses ([B, T] labels of a language model) are
+        # weighted too. Batched first and padded per batch: a map per example cost ~30 us each (250 ms per pass of
+        # 8k examples).
+        if weight_ranks is None:
+            weight = tf.nest.map_structure(weights_of, label)
+        else:
+            weight = tf.nest.map_structure(weights_of, label, weight_ranks)
+        short = batch - tf.shape(tf.nest.flatten(label)[0])[0]
 
         def pad(tensor):
             rank = tensor.shape.rank
@@ -328,9 +342,15 @@ def eval_batches(
 
     examples = maybe_cache(examples, cache, name="evaluation examples")
     features_spec, label_spec = examples.element_spec
+    weight_spec = tf.nest.map_structure(
+        lambda spec, rank=None: tf.TensorSpec(
+            spec.shape if rank is None else spec.shape[:rank], tf.float32
+        ),
+        *((label_spec,) if weight_ranks is None else (label_spec, weight_ranks)),
+    )
     zeros = tf.nest.map_structure(
         lambda spec: tf.zeros([batch, *spec.shape], spec.dtype),
-        (features_spec, label_spec, tf.TensorSpec(label_spec.shape, tf.float32)),
+        (features_spec, label_spec, weight_spec),
     )
     padding = tf.data.Dataset.from_tensors(zeros).repeat()
     real = examples.batch(batch).map(weighted, num_parallel_calls=AUTOTUNE)

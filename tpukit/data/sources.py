@@ -49,11 +49,22 @@ def arrays(
     y,
     input_context: tf.distribute.InputContext | None = None,
 ) -> tf.data.Dataset:
-    """In-memory arrays (NumPy or anything `np.asarray` takes), Keras-style `(x, y)`, as examples."""
-    x, y = np.asarray(x), np.asarray(y)
-    if len(x) != len(y):
+    """In-memory arrays (NumPy or anything `np.asarray` takes), Keras-style `(x, y)`, as examples. For several
+    inputs or outputs, `x` and `y` may be dicts (by name) or tuples of arrays."""
+
+    def arrays_of(value):
+        if isinstance(value, dict):
+            return {k: np.asarray(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return tuple(np.asarray(v) for v in value)
+        return np.asarray(value)
+
+    x, y = arrays_of(x), arrays_of(y)
+    lengths = {len(a) for a in tf.nest.flatten((x, y))}
+    if len(lengths) != 1:
         raise ValueError(
-            f"arrays: x and y must have the same length; received {len(x)} and {len(y)}."
+            f"arrays: x and y must have the same length; received {len(tf.nest.flatten(x)[0])} and "
+            f"{len(tf.nest.flatten(y)[0])}."
         )
     return shard(tf.data.Dataset.from_tensor_slices((x, y)), input_context)
 

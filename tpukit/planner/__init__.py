@@ -53,6 +53,9 @@ class DataFacts:
     eval_examples: int = 0
     # data.skip_corrupt: {split: tpukit.data.CorruptReport} of the records the pipeline will drop
     corrupt: dict = dataclasses.field(default_factory=dict, compare=False)
+    # The labels' shapes, dtypes and sampled values (`tpukit.task.targets.LabelFacts`, a dict or tuple of them for
+    # several outputs); None: not read yet (`tpukit.task.build_model` reads them then)
+    labels: Any = dataclasses.field(default=None, compare=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,6 +131,7 @@ class Plan:
     # data.skip_corrupt: {split: tpukit.data.CorruptReport} of the records the pipeline will drop
     corrupt: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
     engine: str = "tensorflow"
+    labels: Any = dataclasses.field(default=None, repr=False, compare=False)  # `DataFacts.labels`
 
     @property
     def evaluating(self) -> bool:
@@ -357,4 +361,5 @@ def decide(
         corrupt=data.corrupt,
         worker=hardware.worker,
         engine=hardware.engine,
+        labels=data.labels,
     )

@@ -100,9 +100,9 @@ class TrainConfig:
     """Optimization. Keys marked "only" are refused when their option is not chosen; null means the default."""
 
     epochs: int
-    learning_rate: (
-        float  # the peak rate; scaled by global/reference batch when reference_batch_size is set
-    )
+    # The peak rate (scaled by global/reference batch when reference_batch_size is set). null: the optimizer the
+    # model was compiled with, if it was (else Adam at Keras' default 0.001).
+    learning_rate: float | None
     steps_per_epoch: int | None = None  # null: one pass over the training split
     optimizer: Literal["adam", "adamw", "sgd", "lamb", "lars"] = "adam"
     momentum: float | None = None  # sgd and lars only; null: 0.9
@@ -137,12 +137,20 @@ class TrainConfig:
     task: Task | dict[str, Task] = "auto"
     # The loss instead of the task's: a Keras loss name ("huber") or "module.path:function"; a mapping per output.
     loss: str | dict[str, str] | None = None
-    loss_weights: dict[str, float] | tuple[float, ...] | None = None  # several outputs: weight of each loss
+    loss_weights: dict[str, float] | tuple[float, ...] | None = (
+        None  # several outputs: weight of each loss
+    )
     # Metrics instead of the task's (Keras names or "module.path:function"); a mapping per output name.
     metrics: tuple[str, ...] | dict[str, tuple[str, ...]] | None = None
-    gradient_accumulation_steps: int | None = None  # apply the summed gradients every k steps; null: every step
-    ema_momentum: float | None = None  # keep an exponential moving average of the weights (e.g. 0.999); null: none
-    global_clipnorm: float | None = None  # clip the gradients' global norm to this; null: no clipping
+    gradient_accumulation_steps: int | None = (
+        None  # apply the summed gradients every k steps; null: every step
+    )
+    ema_momentum: float | None = (
+        None  # keep an exponential moving average of the weights (e.g. 0.999); null: none
+    )
+    global_clipnorm: float | None = (
+        None  # clip the gradients' global norm to this; null: no clipping
+    )
 
     def __post_init__(self):
         _validate_train(self)
@@ -657,7 +665,15 @@ def _validate_train(config: TrainConfig) -> None:
                 f"train.{key} must name a metric; received ''. Fix: e.g. {key}: val_accuracy, or null."
             )
     _count("train.gradient_accumulation_steps", config.gradient_accumulation_steps, example=4)
-    _in_range("train.ema_momentum", config.ema_momentum, 0, 1, low_open=True, high_open=True, example=0.999)
+    _in_range(
+        "train.ema_momentum",
+        config.ema_momentum,
+        0,
+        1,
+        low_open=True,
+        high_open=True,
+        example=0.999,
+    )
     _in_range("train.global_clipnorm", config.global_clipnorm, 0, low_open=True, example=1.0)
     weights = config.loss_weights
     values = weights.values() if isinstance(weights, dict) else (weights or ())

@@ -24,7 +24,8 @@ from tpukit.models import MODELS
 from tpukit.planner import DataFacts, eval_batch_size
 from tpukit.recipe import Recipe, RecipeError
 from tpukit.task import finetune
-from tpukit.task.losses import WeightedLoss, build_loss
+from tpukit.task.compiling import ModelSpec, compile_model, fit_to_data, label_facts
+from tpukit.task.losses import WeightedLoss
 from tpukit.task.optim import build_optimizer
 
 logger = logging.getLogger("tpukit")
@@ -86,16 +87,40 @@ def count_data(recipe: Recipe, evaluating: bool) -> DataFacts:
     try:
         train_examples = count_examples(recipe, recipe.data.train_split)
         eval_examples = count_examples(recipe, recipe.data.eval_split) if evaluating else 0
-        return DataFacts(train_examples, eval_examples, _scan_corrupt(recipe, evaluating))
+        corrupt = _scan_corrupt(recipe, evaluating)
+    except RecipeError:
+        raise
     except (
         ValueError
     ) as error:  # the source rejects a split or an argument, or a record is corrupt (named)
         raise RecipeError(f"{recipe.path}: data: {error}") from None
+    try:
+        labels = label_facts(recipe, evaluating)
+    except tf.errors.OpError as error:  # a corrupt record among the labels read
+        splits = [
+            s
+            for s in (recipe.data.train_split, recipe.data.eval_split if evaluating else None)
+            if s
+        ]
+        explained = data.explain_data_error(error, recipe.data.source, splits, recipe.data.options)
+        if explained is None:
+            raise
+        raise RecipeError(f"{recipe.path}: data: {explained}") from None
+    return DataFacts(train_examples, eval_examples, corrupt, labels)
 
 
-def input_fns(recipe: Recipe, eval_examples: int, steps_per_epoch: int | None = None):
-    """`(train_fn(input_context, skip_steps), eval_fn(input_context))`: the recipe's tf.data pipelines."""
+def input_fns(
+    recipe: Recipe,
+    eval_examples: int,
+    steps_per_epoch: int | None = None,
+    spec: ModelSpec | None = None,
+):
+    """`(train_fn(input_context, skip_steps), eval_fn(input_context))`: the recipe's tf.data pipelines. With the
+    model's `spec` (`spec_of(model)`), a dict of features is cut to the model's inputs and the eval weights take
+    the shape of each output's loss."""
     source = data.SOURCES[recipe.data.source]
+    keys = spec.feature_keys if spec is not None else None
+    weight_ranks = spec.weight_ranks if spec is not None else None
     config = recipe.data
     # Float features travel in the compute dtype (bfloat16 under mixed_bfloat16: half the infeed bytes).
     feature_dtype = (
@@ -115,6 +140,10 @@ def input_fns(recipe: Recipe, eval_examples: int, steps_per_epoch: int | None = 
             source, training=training, cache=config.cache, skip_corrupt=config.skip_corrupt
         )
         examples = source(split=split, input_context=input_context, **reserved, **config.options)
+        if keys is not None and set(examples.element_spec[0]) != set(keys):
+            # Keras flattens a dict of features in key order, so a feature the model does not take would shift
+            # the others: only the model's inputs travel.
+            examples = examples.map(lambda features, label: ({k: features[k] for k in keys}, label))
         return examples, config.cache and "cache" not in reserved
 
     def train_fn(input_context, skip_steps=0):
@@ -142,6 +171,7 @@ def input_fns(recipe: Recipe, eval_examples: int, steps_per_epoch: int | None = 
             eval_batch_size(recipe),
             input_context,
             cache=cache,
+            weight_ranks=weight_ranks,
             **pipeline_knobs,
         )
 
@@ -150,13 +180,56 @@ def input_fns(recipe: Recipe, eval_examples: int, steps_per_epoch: int | None = 
 
 def exact_metrics(label_smoothing: float) -> list:
     """Accuracy, cross-entropy and, with label smoothing, the smoothed training loss (`WeightedLoss`), all weighted
-    by the sample weights. Without smoothing the cross-entropy is the loss: a second metric would compute the softmax
-    over the logits once more every step (6% of a 32k-vocabulary transformer step here)."""
+    by the sample weights: the metrics of integer class labels against logits (`compiling.task_metrics` has the
+    others). Without smoothing the cross-entropy is the loss: a second metric would compute the softmax over the
+    logits once more every step (6% of a 32k-vocabulary transformer step here)."""
     metrics = [
         keras.metrics.SparseCategoricalAccuracy(name="accuracy"),
         keras.metrics.SparseCategoricalCrossentropy(from_logits=True, name="cross_entropy"),
     ]
-    return metrics + ([WeightedLoss(label_smoothing)] if label_smoothing else [])
+    return metrics + ([WeightedLoss(label_smoothing=label_smoothing)] if label_smoothing else [])
+
+
+def spec_of(model) -> ModelSpec | None:
+    """How the data feeds a model `build_model` made (None for any other model)."""
+    return getattr(model, "_tpukit_spec", None)
+
+
+_OPTIMIZER_KEYS = (
+    "reference_batch_size",
+    "gradient_accumulation_steps",
+    "ema_momentum",
+    "global_clipnorm",
+    "weight_decay",
+)
+
+
+def _optimizer(model, recipe: Recipe, total_steps: int):
+    """tpukit's optimizer from `train`, or the one the builder compiled the model with (`train.learning_rate:
+    null`), or Adam at Keras' default rate for an uncompiled model with no learning rate."""
+    train = recipe.train
+    if train.learning_rate is not None:
+        return build_optimizer(train, total_steps, global_batch_size=recipe.data.global_batch_size)
+    own = model.optimizer if model.compiled else None
+    set_keys = [k for k in _OPTIMIZER_KEYS if getattr(train, k)]
+    set_keys += [
+        k for k in ("schedule", "optimizer") if getattr(train, k) not in ("constant", "adam")
+    ]
+    set_keys += ["warmup_steps"] if train.warmup_steps else []
+    if set_keys:
+        raise RecipeError(
+            f"{recipe.path}: train.{set_keys[0]} is set but train.learning_rate is null, so tpukit builds no "
+            f"optimizer ({'the model brought its own' if own else 'and the model brought none'}). Fix: set "
+            "train.learning_rate (e.g. learning_rate: 0.001) to train with tpukit's optimizer and its settings"
+            + (", or give your optimizer those settings." if own else ".")
+        )
+    if own is not None:
+        logger.info("tpukit: training with the model's own optimizer (%s)", type(own).__name__)
+        return own
+    logger.info(
+        "tpukit: train.learning_rate is null and the model brought no optimizer: Adam at 0.001"
+    )
+    return keras.optimizers.Adam()
 
 
 def build_model(
@@ -165,27 +238,26 @@ def build_model(
     jit_compile: bool,
     steps_per_execution: int,
     resuming: bool = False,
+    labels=None,
 ):
     """The recipe's model, built and compiled in the caller's distribution scope and dtype policy (the engine's).
-    `resuming`: a checkpoint will be restored into it, so `model.init_weights` is not loaded."""
+
+    The model is checked against the data (`compiling.fit_to_data`: inputs by name and shape, outputs against the
+    labels, the label range) and compiled for its targets; `spec_of(model)` tells the pipelines how to feed it.
+    `resuming`: a checkpoint will be restored into it, so `model.init_weights` is not loaded. `labels`: the
+    `LabelFacts` of `label_facts` (read here when not given).
+    """
     model = MODELS[recipe.model.name](**recipe.model.kwargs)
     if not isinstance(model, keras.Model):
         raise RecipeError(
             f"{recipe.path}: model.name={recipe.model.name!r} returned a {type(model).__name__}, not a "
-            "keras.Model. Fix: make the builder return the model (uncompiled; tpukit compiles it)."
+            "keras.Model. Fix: make the builder return the model (tpukit compiles it)."
         )
+    if labels is None:
+        labels = label_facts(recipe, evaluating=recipe.data.eval_split is not None)
+    spec = fit_to_data(model, recipe, labels)
     finetune.prepare(model, recipe.model, resuming, recipe.path)
-    optimizer = build_optimizer(
-        recipe.train, total_steps, global_batch_size=recipe.data.global_batch_size
-    )
-    model.compile(
-        optimizer=optimizer,
-        # Mean over the real examples only: eval batches carry zero-weight padding (see data.eval_batches).
-        loss=build_loss(recipe.train),
-        # Weighted means over the real examples, exact on any number of replicas. Keras' own `loss` weights each
-        # batch by its size, so the zero-weight examples completing the last eval batch pull it down.
-        weighted_metrics=exact_metrics(recipe.train.label_smoothing),
-        jit_compile=jit_compile,
-        steps_per_execution=steps_per_execution,
-    )
+    optimizer = _optimizer(model, recipe, total_steps)
+    compile_model(model, recipe, spec, optimizer, jit_compile, steps_per_execution)
+    model._tpukit_spec = spec
     return model

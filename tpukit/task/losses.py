@@ -81,23 +81,36 @@ def build_loss(train, reduction="mean_with_sample_weight") -> keras.losses.Loss:
 
 @keras.saving.register_keras_serializable(package="tpukit")
 class WeightedLoss(keras.metrics.Mean):
-    """The training loss (cross-entropy with `label_smoothing`) averaged over examples by their sample weights.
+    """A training loss averaged over examples by their sample weights: exact where Keras' own is not.
 
     Keras' own `loss` metric weights every batch by its size, so the zero-weight examples that complete the last
-    eval batch pull it down; this one is exact. tpukit compiles it when `label_smoothing` > 0 (else the
-    cross-entropy metric is the loss), and `callbacks.ExactValidationLoss` and the engine's `evaluate` report it as
-    `val_loss` / `loss`. Regularization terms (`model.losses`) are not included.
+    eval batch pull it down; this one is exact. `loss` is any Keras loss (its `call` gives per-example values) or a
+    `fn(y_true, y_pred)` returning them; without one it is the sparse cross-entropy with `label_smoothing` (the
+    form tpukit 0.x saved, so its `model.keras` files still load). `callbacks.ExactValidationLoss` and the engine's
+    `evaluate` report it as `val_loss` / `loss`. Regularization terms (`model.losses`) are not included.
     """
 
-    def __init__(self, label_smoothing: float = 0.0, name: str = "weighted_loss", dtype=None):
+    def __init__(
+        self, loss=None, label_smoothing: float = 0.0, name: str = "weighted_loss", dtype=None
+    ):
         super().__init__(name=name, dtype=dtype)
         self.label_smoothing = float(label_smoothing)
-        self._per_example = SparseCategoricalCrossentropyWithLabelSmoothing(
-            label_smoothing, reduction=None
-        )
+        if isinstance(loss, dict):
+            loss = keras.saving.deserialize_keras_object(loss)
+        if loss is None:
+            loss = SparseCategoricalCrossentropyWithLabelSmoothing(label_smoothing, reduction=None)
+        elif not isinstance(loss, keras.losses.Loss):
+            loss = keras.losses.LossFunctionWrapper(loss, reduction=None)
+        self.loss = loss
 
     def update_state(self, y_true, y_pred, sample_weight=None):
-        return super().update_state(self._per_example(y_true, y_pred), sample_weight=sample_weight)
+        y_pred = keras.tree.map_structure(lambda t: ops.cast(t, "float32"), y_pred)
+        values = self.loss.call(y_true, y_pred)
+        return super().update_state(values, sample_weight=sample_weight)
 
     def get_config(self):
-        return {**super().get_config(), "label_smoothing": self.label_smoothing}
+        return {
+            **super().get_config(),
+            "loss": keras.saving.serialize_keras_object(self.loss),
+            "label_smoothing": self.label_smoothing,
+        }

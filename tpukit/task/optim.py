@@ -17,7 +17,10 @@ from __future__ import annotations
 import math
 
 import keras
+import tensorflow as tf
 from keras import ops
+
+from tpukit.recipe import RecipeError
 
 # Variable names (regular expressions, matched with re.search) left out of weight decay and LARS adaptation.
 NO_DECAY_NAMES = ("bias", "gamma", "beta")
@@ -305,6 +308,57 @@ def build_schedule(train, learning_rate: float, total_steps: int):
     )
 
 
+def keras_optimizer_args(train) -> dict:
+    """The Keras `Optimizer` arguments for `train.gradient_accumulation_steps`, `ema_momentum` and `global_clipnorm`.
+
+    Every optimizer `build_optimizer` returns takes them (Keras' base class does the work, see
+    keras/src/optimizers/base_optimizer.py in Keras 3.15):
+
+    * `gradient_accumulation_steps=k`: each batch adds its gradient to an accumulator; every k-th batch applies the
+      mean of the k gradients (`(g + sum_of_previous) / k`, then clipping and weight decay) and resets it. Every
+      batch advances the private counter `_iterations`, which the learning-rate schedule reads (schedules count
+      batches, like `total_steps`); the public `optimizer.iterations` is `_iterations // k`, the updates made.
+      1 means every batch, so it is left out (Keras requires k >= 2).
+    * `ema_momentum=m`: `use_ema=True`; after every batch the optimizer's "average" variables become
+      `m * average + (1 - m) * weight` (the first update copies the weights), and `fit` copies them into the
+      model when it returns (`finalize_variable_values`), so evaluation and the exported model use the average.
+      They are optimizer variables, so checkpoints hold them and a resume continues the same average.
+    * `global_clipnorm=c`: the gradients (after accumulation) are scaled together so their global L2 norm is at
+      most c, before weight decay and the update.
+    """
+    args = {}
+    steps = getattr(train, "gradient_accumulation_steps", None)
+    if steps and steps > 1:
+        _check_accumulation_fits_the_strategy(steps)
+        args["gradient_accumulation_steps"] = int(steps)
+    momentum = getattr(train, "ema_momentum", None)
+    if momentum is not None:
+        args.update(use_ema=True, ema_momentum=float(momentum))
+    clipnorm = getattr(train, "global_clipnorm", None)
+    if clipnorm is not None:
+        args["global_clipnorm"] = float(clipnorm)
+    return args
+
+
+def _check_accumulation_fits_the_strategy(steps: int) -> None:
+    """Keras 3.15's gradient accumulation fails on 2+ MirroredStrategy replicas: `_backend_apply_gradients`
+    (keras/src/optimizers/base_optimizer.py) chooses between "apply" and "accumulate" with `ops.cond` in the replica
+    context, and both branches synchronize replicas (the all-reduce and `distribution.extended.update` through
+    `merge_call`, keras/src/backend/tensorflow/optimizer.py), which MirroredStrategy refuses inside control flow
+    ("`merge_call` called while defining a new graph or a tf.function"), in Keras' loop and in tpukit's alike.
+    Its accumulators also add each replica's own gradient into that replica's copy of a mirrored variable, so a
+    checkpoint (which saves the first copy) taken mid-cycle would not resume exactly. Called in the strategy scope."""
+    strategy = tf.distribute.get_strategy()
+    mirrored = (tf.distribute.MirroredStrategy, tf.distribute.MultiWorkerMirroredStrategy)
+    if isinstance(strategy, mirrored) and strategy.num_replicas_in_sync > 1:
+        raise RecipeError(
+            f"train.gradient_accumulation_steps={steps} does not work on {strategy.num_replicas_in_sync} "
+            f"{type(strategy).__name__} replicas with Keras {keras.__version__} (its accumulation synchronizes "
+            "replicas inside a tf.cond, which MirroredStrategy refuses). Fix: multiply data.global_batch_size by "
+            f"{steps} instead (the replicas are the accumulation), or train on one device."
+        )
+
+
 def build_optimizer(
     train, total_steps: int, global_batch_size: int | None = None
 ) -> keras.optimizers.Optimizer:
@@ -312,13 +366,16 @@ def build_optimizer(
 
     Args:
         train: the recipe's `TrainConfig` (optimizer, learning_rate, momentum, weight_decay, schedule, warmup_steps;
-            optionally reference_batch_size, decay_boundaries, decay_rate, trust_coefficient).
-        total_steps: optimizer steps in the whole run (epochs * steps_per_epoch).
+            optionally reference_batch_size, decay_boundaries, decay_rate, trust_coefficient,
+            gradient_accumulation_steps, ema_momentum, global_clipnorm: see `keras_optimizer_args`).
+        total_steps: batches in the whole run (epochs * steps_per_epoch); with gradient accumulation the schedule
+            still counts batches, not updates.
         global_batch_size: needed when `train.reference_batch_size` is set: the learning rate is then scaled
             linearly from the reference batch to this one (`scaled_learning_rate`).
 
     Raises:
-        ValueError: an option does not fit (the message names the key, the value and the fix).
+        ValueError: an option does not fit (the message names the key, the value and the fix); a `RecipeError`
+            for gradient accumulation on 2+ MirroredStrategy replicas.
     """
     learning_rate = train.learning_rate
     reference = getattr(train, "reference_batch_size", None)
@@ -331,19 +388,24 @@ def build_optimizer(
         learning_rate = scaled_learning_rate(learning_rate, global_batch_size, reference)
     learning_rate = build_schedule(train, learning_rate, total_steps)
     name, weight_decay = train.optimizer, train.weight_decay
+    common = keras_optimizer_args(train)
     if name == "adam":
         if weight_decay:
             raise ValueError(
                 f"train.weight_decay={weight_decay} with optimizer 'adam': Adam has no weight decay. "
                 "Fix: set train.optimizer: adamw (decoupled decay), or train.weight_decay: 0."
             )
-        return keras.optimizers.Adam(learning_rate)
+        return keras.optimizers.Adam(learning_rate, **common)
     if name == "adamw":
-        optimizer = keras.optimizers.AdamW(learning_rate, weight_decay=weight_decay)
+        optimizer = keras.optimizers.AdamW(learning_rate, weight_decay=weight_decay, **common)
     elif name == "lamb":
-        optimizer = keras.optimizers.Lamb(learning_rate, weight_decay=weight_decay or None)
+        optimizer = keras.optimizers.Lamb(
+            learning_rate, weight_decay=weight_decay or None, **common
+        )
     elif name == "sgd":
-        return SGDWithL2(learning_rate, momentum=train.momentum, weight_decay=weight_decay)
+        return SGDWithL2(
+            learning_rate, momentum=train.momentum, weight_decay=weight_decay, **common
+        )
     elif name == "lars":
         trust = getattr(train, "trust_coefficient", 0.001)
         return LARS(
@@ -351,6 +413,7 @@ def build_optimizer(
             momentum=train.momentum,
             weight_decay=weight_decay,
             trust_coefficient=trust,
+            **common,
         )
     else:
         raise ValueError(

@@ -14,7 +14,7 @@ from tpukit.engines.tensorflow import keras_private
 
 
 def _step(model) -> int:
-    return int(model.optimizer.iterations.numpy())
+    return keras_private.batch_step(model.optimizer)
 
 
 class _ExcludesValidation(keras.callbacks.Callback):
@@ -181,37 +181,49 @@ class StepTensorBoard(keras_private.tensorboard_at_step()):
         return _step(self.model)
 
 
-def _exact_loss_name(logs: dict, prefix: str = "") -> str | None:
-    """The logged metric that is the exact loss over the real examples: `weighted_loss` (`tpukit.task.losses.WeightedLoss`,
-    compiled with label smoothing), else `cross_entropy` (which is the loss without smoothing); None if neither."""
+def _exact_loss(logs: dict, prefix: str = "", terms: dict | None = None) -> float | None:
+    """The exact loss over the real examples from the logged metrics: with `terms` (metric name -> loss weight,
+    `tpukit.task.spec_of(model).exact_loss`) their weighted sum; else `weighted_loss`
+    (`tpukit.task.losses.WeightedLoss`, compiled with label smoothing) or `cross_entropy` (the loss without
+    smoothing). None if the logs lack them."""
+    if terms:
+        if all(prefix + name in logs for name in terms):
+            return float(sum(weight * float(logs[prefix + name]) for name, weight in terms.items()))
+        return None
     for name in ("weighted_loss", "cross_entropy"):
         if prefix + name in logs:
-            return prefix + name
+            return logs[prefix + name]
     return None
 
 
 class ExactValidationLoss(keras.callbacks.Callback):
-    """Reports the exact loss (`_exact_loss_name`) as `loss` in the logs the other callbacks see (progress bar,
+    """Reports the exact loss (`_exact_loss`) as `loss` in the logs the other callbacks see (progress bar,
     TensorBoard, early stopping, best.keras): `val_loss` at each epoch end, and `loss` at the end of an evaluation
     (what `evaluate` prints; its return value is a separate dict). Keras' own loss weights every eval batch by its
     size, so the zero-weight examples that complete the last batch pull it down."""
 
+    def __init__(self, exact_loss: dict | None = None):
+        super().__init__()
+        self.exact_loss = exact_loss
+
     def on_test_end(self, logs=None):
-        with_aliases(logs)
+        with_aliases(logs, exact_loss=self.exact_loss)
 
     def on_epoch_end(self, epoch, logs=None):
         # Training batches have no padding: Keras' own loss is right there.
-        with_aliases(logs, set_loss=False)
-        with_aliases(logs, prefix="val_")
+        with_aliases(logs, set_loss=False, exact_loss=self.exact_loss)
+        with_aliases(logs, prefix="val_", exact_loss=self.exact_loss)
 
 
-def with_aliases(logs: dict | None, prefix: str = "", set_loss: bool = True) -> dict | None:
-    """Sets `loss` to the exact loss (`_exact_loss_name`) and, where no `weighted_loss` metric was compiled (no label
-    smoothing), logs `weighted_loss` as the cross-entropy it equals, so recipes that monitor `val_weighted_loss`
+def with_aliases(
+    logs: dict | None, prefix: str = "", set_loss: bool = True, exact_loss: dict | None = None
+) -> dict | None:
+    """Sets `loss` to the exact loss (`_exact_loss`) and logs it as `weighted_loss` where no metric of that name was
+    compiled (no label smoothing: the cross-entropy is the loss), so recipes that monitor `val_weighted_loss`
     (early stopping, best.keras) and readers of `metrics.json` find it as before. Returns `logs`."""
-    exact = _exact_loss_name(logs or {}, prefix)
-    if exact:
+    exact = _exact_loss(logs or {}, prefix, exact_loss)
+    if exact is not None:
         if set_loss:
-            logs[prefix + "loss"] = logs[exact]
-        logs.setdefault(prefix + "weighted_loss", logs[exact])
+            logs[prefix + "loss"] = exact
+        logs.setdefault(prefix + "weighted_loss", exact)
     return logs

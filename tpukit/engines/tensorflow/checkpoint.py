@@ -24,6 +24,8 @@ import time
 
 import tensorflow as tf
 
+from tpukit.engines.tensorflow import keras_private
+
 logger = logging.getLogger("tpukit")
 
 
@@ -145,7 +147,7 @@ class Checkpointer:
 
     @property
     def step(self) -> int:
-        return int(self.optimizer.iterations.numpy())
+        return keras_private.batch_step(self.optimizer)
 
     @property
     def data_position(self) -> int:

@@ -100,18 +100,19 @@ def _compiled(
     jit: bool,
     steps_per_execution: int,
     resuming: bool = False,
+    labels=None,
 ):
     with strategy.scope():
-        model = task.build_model(recipe, total_steps, jit, steps_per_execution, resuming=resuming)
+        model = task.build_model(
+            recipe, total_steps, jit, steps_per_execution, resuming=resuming, labels=labels
+        )
         # Keras' TensorFlow optimizers apply a repeated embedding id's gradient once per occurrence
         # (tensorflow/tensorflow#28090): one summed gradient per row, as the optimizer's definition (and JAX) says.
         sparse.combine_repeated_ids(model.optimizer)
         return model
 
 
-def _probe_steps_per_execution(
-    recipe: Recipe, strategy, make_dataset, steps_per_epoch: int, jit: bool, start_step: int
-) -> int:
+def _probe_steps_per_execution(the_plan: Plan) -> int:
     """Times a few steps of a throwaway copy of the model (one step per call) and returns `loop.auto_...`'s pick.
 
     The pick also divides the steps left in an interrupted epoch, so a resumed run keeps whole executions.
@@ -125,11 +126,18 @@ def _probe_steps_per_execution(
         def on_train_batch_end(self, batch, logs=None):
             self.times.append(time.perf_counter())
 
+    recipe, steps_per_epoch, start_step = (
+        the_plan.recipe,
+        the_plan.steps_per_epoch,
+        the_plan.resume_step,
+    )
     probe_steps = min(steps_per_epoch, 8)
-    model = _compiled(recipe, strategy, steps_per_epoch, jit, 1)
+    model = _compiled(
+        recipe, the_plan.strategy, steps_per_epoch, the_plan.jit_compile, 1, labels=the_plan.labels
+    )
     timer = Timer()
     model.fit(
-        make_dataset(0),
+        _train_dataset(the_plan, task.spec_of(model))(0),
         epochs=1,
         steps_per_epoch=probe_steps,
         verbose=0,
@@ -164,6 +172,7 @@ def _verbose(setting) -> int:
 
 
 def _callbacks(
+    exact_loss: dict | None,
     recipe: Recipe,
     output_dir: str,
     throughput,
@@ -173,7 +182,7 @@ def _callbacks(
     chief: bool = True,
 ):
 
-    result = [callbacks_lib.ExactValidationLoss(), throughput]
+    result = [callbacks_lib.ExactValidationLoss(exact_loss), throughput]
     if not chief:
         pass  # only the chief writes summaries and best.keras (every worker writes its checkpoints)
     elif remote_io:
@@ -238,9 +247,11 @@ def dtype_policy(name: str):
         keras.mixed_precision.set_global_policy(previous)
 
 
-def _train_dataset(the_plan: Plan):
+def _train_dataset(the_plan: Plan, spec=None):
 
-    train_fn, _ = task.input_fns(the_plan.recipe, the_plan.eval_examples, the_plan.steps_per_epoch)
+    train_fn, _ = task.input_fns(
+        the_plan.recipe, the_plan.eval_examples, the_plan.steps_per_epoch, spec
+    )
 
     def make(position):
         # Each epoch's order depends only on (seed, epoch): a resume reads just the batches already trained in its
@@ -250,9 +261,11 @@ def _train_dataset(the_plan: Plan):
     return make
 
 
-def _eval_dataset(the_plan: Plan):
+def _eval_dataset(the_plan: Plan, spec=None):
 
-    _, eval_fn = task.input_fns(the_plan.recipe, the_plan.eval_examples, the_plan.steps_per_epoch)
+    _, eval_fn = task.input_fns(
+        the_plan.recipe, the_plan.eval_examples, the_plan.steps_per_epoch, spec
+    )
     # A finite dataset read with `steps=plan.eval_steps`: Keras makes a new iterator for every evaluation, and its
     # loop ends the last execution where the data ends, so an evaluation is one exact pass at any
     # steps_per_execution (tests/engines/tensorflow/test_recovery.py counts the examples against the exported model).
@@ -265,14 +278,9 @@ def _resolve_steps_per_execution(the_plan: Plan) -> Plan:
         return the_plan
     recipe = the_plan.recipe
     try:
-        chosen = _probe_steps_per_execution(
-            recipe,
-            the_plan.strategy,
-            _train_dataset(the_plan),
-            the_plan.steps_per_epoch,
-            the_plan.jit_compile,
-            the_plan.resume_step,
-        )
+        chosen = _probe_steps_per_execution(the_plan)
+    except RecipeError:
+        raise
     except ValueError as error:  # builder or optimizer arguments that do not fit together
         raise RecipeError(f"{recipe.path}: {error}") from None
     return the_plan.resolved(chosen)
@@ -310,32 +318,6 @@ def _restore(the_plan: Plan, checkpointer) -> int:
     return step
 
 
-def _check_model_fits_data(the_plan: Plan, model) -> None:
-    """The model's declared inputs take the pipeline's features (per example), before anything is written."""
-
-    if not getattr(model, "inputs", None):
-        return  # a subclassed model declares no inputs; Keras reports a mismatch at the first step
-    train_fn, _ = task.input_fns(the_plan.recipe, the_plan.eval_examples)
-    features = train_fn(None).element_spec[0]
-    specs, inputs = tf.nest.flatten(features), model.inputs
-    if len(specs) != len(inputs):
-        raise RecipeError(
-            f"{the_plan.recipe.path}: model {the_plan.recipe.model.name!r} takes {len(inputs)} input(s) but "
-            f"data.source={the_plan.recipe.data.source!r} gives {len(specs)} feature tensor(s). Fix: make them match."
-        )
-    for spec, tensor in zip(specs, inputs, strict=True):
-        data_shape, model_shape = tuple(spec.shape[1:]), tuple(tensor.shape[1:])
-        if len(data_shape) != len(model_shape) or any(
-            m is not None and d is not None and m != d
-            for d, m in zip(data_shape, model_shape, strict=True)
-        ):
-            raise RecipeError(
-                f"{the_plan.recipe.path}: the model takes examples of shape {list(model_shape)} but "
-                f"data.source={the_plan.recipe.data.source!r} gives {list(data_shape)}. Fix: set the model's input "
-                f"shape to the data's (e.g. --set model.input_shape={list(data_shape)}) or change the data options."
-            )
-
-
 def build(the_plan: Plan) -> Session:
     """Resolves `steps_per_execution: auto` (a probe on a throwaway model), then seeds, builds and compiles the model
     under the plan's strategy, and restores the newest readable checkpoint. Call it under `dtype_policy`."""
@@ -353,10 +335,12 @@ def build(the_plan: Plan) -> Session:
             the_plan.jit_compile,
             the_plan.steps_per_execution,
             resuming=the_plan.resume_step > 0,
+            labels=the_plan.labels,
         )
+    except RecipeError:
+        raise
     except ValueError as error:  # builder or optimizer arguments that do not fit together
         raise RecipeError(f"{recipe.path}: {error}") from None
-    _check_model_fits_data(the_plan, model)
     # Keras 3.15's own train function fails with steps_per_execution > 1 on 2+ Mirrored replicas
     # (keras-team/keras#19246) and on every MultiWorkerMirroredStrategy; see loop.py.
     loop.use_multi_step_loop(model, recipe.runtime.loop)
@@ -391,6 +375,7 @@ def train(session: Session, callbacks: list | None = None):
 
     the_plan, recipe = session.plan, session.plan.recipe
     if not the_plan.training:
+        _use_averages(session.model)
         return trainer.Outcome("done", {}, 0)
     if session.start_step >= the_plan.total_steps:
         logger.info(
@@ -401,11 +386,12 @@ def train(session: Session, callbacks: list | None = None):
     started = time.time()
     outcome = trainer.fit_with_recovery(
         session.model,
-        _train_dataset(the_plan),
+        _train_dataset(the_plan, task.spec_of(session.model)),
         checkpointer=session.checkpointer,
         steps_per_epoch=the_plan.steps_per_epoch,
         epochs=recipe.train.epochs,
         callbacks=_callbacks(
+            _exact_loss(session.model),
             recipe,
             the_plan.output_dir,
             session.throughput,
@@ -418,11 +404,15 @@ def train(session: Session, callbacks: list | None = None):
         checkpoint_every_steps=recipe.runtime.checkpoint_every_steps,
         checkpoint_max_overhead=recipe.runtime.checkpoint_max_overhead,
         max_nan_retries=recipe.train.max_nan_retries,
-        validation_data=_eval_dataset(the_plan) if the_plan.evaluating else None,
+        validation_data=(
+            _eval_dataset(the_plan, task.spec_of(session.model)) if the_plan.evaluating else None
+        ),
         validation_steps=the_plan.eval_steps,
         validation_freq=recipe.train.eval_every_epochs,
         verbose=_verbose(recipe.runtime.verbose),
     )
+    if outcome.status != "preempted":
+        _use_averages(session.model)
     if session.checkpointer.step > session.start_step:
         logger.info(
             "tpukit: trained steps %d..%d in %.1fs (%s)",
@@ -434,6 +424,15 @@ def train(session: Session, callbacks: list | None = None):
     return outcome
 
 
+def _use_averages(model) -> None:
+    """With `train.ema_momentum`: the moving averages become the model's weights for evaluation and export. The
+    checkpoints keep the trained weights and the averages apart (`keras_private.averages_kept_apart`), so a resume
+    goes on from the trained weights, as an uninterrupted run does."""
+    optimizer = model.optimizer
+    if getattr(optimizer, "use_ema", False):
+        optimizer.finalize_variable_values(model.trainable_variables)
+
+
 def evaluate(session: Session, outcome) -> dict[str, float]:
     """One exact pass over the eval split (the last batch completed with zero-weight examples); {} without
     evaluation."""
@@ -441,17 +440,26 @@ def evaluate(session: Session, outcome) -> dict[str, float]:
     if not the_plan.evaluating or outcome.status == "preempted":
         return {}
 
+    exact_loss = _exact_loss(session.model)
     results = session.model.evaluate(
-        _eval_dataset(the_plan)(),
+        _eval_dataset(the_plan, task.spec_of(session.model))(),
         steps=the_plan.eval_steps,
         return_dict=True,
         verbose=_verbose(the_plan.recipe.runtime.verbose),
         callbacks=[
-            callbacks_lib.ExactValidationLoss()
+            callbacks_lib.ExactValidationLoss(exact_loss)
         ],  # the printed `loss` over the real examples
     )
     # The returned dict too (Keras' CallbackList hands callbacks a copy of the logs).
-    return callbacks_lib.with_aliases({k: float(v) for k, v in results.items()})
+    return callbacks_lib.with_aliases(
+        {k: float(v) for k, v in results.items()}, exact_loss=exact_loss
+    )
+
+
+def _exact_loss(model) -> dict | None:
+    """The logged metrics whose weighted sum is the exact loss (`tpukit.task.spec_of`); None: the default."""
+    spec = task.spec_of(model)
+    return spec.exact_loss if spec is not None and spec.exact_loss else None
 
 
 def export(session: Session, outcome) -> dict[str, str]:

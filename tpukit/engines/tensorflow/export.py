@@ -59,8 +59,19 @@ def _serving_signature(model):
         tf.TensorSpec((None, *tensor.shape[1:]), tensor.dtype, name=_input_name(tensor, i))
         for i, tensor in enumerate(inputs)
     ]
-    # The endpoint takes one positional argument: the input tensor, or the list of inputs in `model.inputs` order.
+    # The endpoint takes one positional argument: the input tensor, a dict of inputs by name for a model built on
+    # a dict of keras.Inputs, or else the list of inputs in `model.inputs` order.
+    if keyed_inputs(model):
+        return [{spec.name: spec for spec in specs}]
     return [specs[0]] if len(specs) == 1 else [specs]
+
+
+def keyed_inputs(model) -> bool:
+    """True for a functional model built on a dict of `keras.Input`s (it is called with a dict by input name)."""
+    try:
+        return isinstance(model.input, dict)
+    except (AttributeError, ValueError):  # a Sequential model never called: one input
+        return False
 
 
 def _input_name(tensor, index: int) -> str:

@@ -183,8 +183,13 @@ def forward_flops(model) -> int:
     """
     import tensorflow as tf
 
+    from tpukit.engines.tensorflow.export import keyed_inputs
+
     specs = _input_signature(model)
-    if len(specs) == 1:
+    if keyed_inputs(model):
+        names = [t.name for t in model.inputs]
+        function = tf.function(lambda *xs: model(dict(zip(names, xs, strict=True)), training=False))
+    elif len(specs) == 1:
         function = tf.function(lambda x: model(x, training=False))
     else:
         function = tf.function(lambda *xs: model(list(xs), training=False))

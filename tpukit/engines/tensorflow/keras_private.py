@@ -198,3 +198,34 @@ def serialized_dataset_graph(dataset):
     return dataset._as_serialized_graph(
         external_state_policy=tf.data.experimental.ExternalStatePolicy.WARN
     )
+
+
+# -- Keras optimizers (keras/src/optimizers/base_optimizer.py) ---------------------------------------------------------
+
+
+def batch_step(optimizer) -> int:
+    """Batches the optimizer has taken: `optimizer._iterations`, which with `gradient_accumulation_steps=k`
+    counts every batch while the public `iterations` counts updates (`_iterations // k`, base_optimizer.py
+    `iterations` property). tpukit's steps (checkpoints, epochs, the data position) are batches. No upstream
+    issue. Tested: Keras 3.15.x with TensorFlow 2.19-2.21.
+    """
+    counter = getattr(optimizer, "_iterations", None)
+    return int((optimizer.iterations if counter is None else counter).numpy())
+
+
+@contextlib.contextmanager
+def averages_kept_apart(optimizer) -> Iterator[None]:
+    """Inside the block, `fit` leaves the weights as trained when it returns: with `use_ema`, Keras' `fit` ends
+    by copying the moving averages into the model (`finalize_variable_values`, base_optimizer.py), so a
+    checkpoint saved after one `fit` (a segment between resumes) would resume from the averages instead of the
+    trained weights. Shadows the method on the instance; the engine calls Keras' own after the last checkpoint.
+    No upstream issue. Tested: Keras 3.15.x with TensorFlow 2.19-2.21.
+    """
+    if not getattr(optimizer, "use_ema", False):
+        yield
+        return
+    optimizer.finalize_variable_values = lambda variables: None
+    try:
+        yield
+    finally:
+        del optimizer.finalize_variable_values  # back to Keras' method

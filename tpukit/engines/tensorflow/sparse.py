@@ -1,12 +1,94 @@
 """Sparse (`tf.IndexedSlices`) gradients with repeated ids, combined before the optimizer sees them.
 
-PLACEHOLDER being implemented (issue 18, item 6): `combine_repeated_ids(optimizer)` must make Keras' TensorFlow
-optimizers apply one summed gradient per embedding row (tensorflow/tensorflow#28090).
+The gradient of an `Embedding` lookup on TensorFlow is a `tf.IndexedSlices` with one slice per occurrence of an
+id in the batch. Keras 3's optimizers compute on it with sparse-aware ops that work slice by slice: Adam's
+`ops.square(gradient)` (keras/src/optimizers/adam.py line 130, `elementwise_unary` in
+keras/src/backend/tensorflow/sparse.py) squares each occurrence before the sum, so the second moment of a row
+looked up twice holds g1^2 + g2^2 instead of (g1 + g2)^2 and the row moves by up to sqrt(2) * lr in the first
+step (tensorflow/tensorflow#28090). LARS' and Lamb's norms and `clipnorm` see the same per-occurrence squares.
+JAX, and TensorFlow with a dense gradient, apply the optimizer to the summed gradient, as its definition says.
+
+`combine_repeated_ids` sums the slices of each id (as TF1's `_deduplicate_indexed_slices` did: `tf.unique` and
+`tf.math.unsorted_segment_sum`) at both places a sparse gradient reaches the optimizer:
+
+* `optimizer.apply` (one replica's gradients, before clipping and the cross-replica all-reduce), and
+* `optimizer.update_step` (one variable's gradient after the all-reduce; an all-reduce of `tf.IndexedSlices`
+  concatenates the replicas' slices, `TFOptimizer._backend_update_step` in
+  keras/src/backend/tensorflow/optimizer.py line 115, so an id looked up on two replicas repeats again).
+
+Every element-wise op Keras keeps sparse maps 0 to 0 (ops that do not are `densifying_unary`), so an optimizer
+fed one slice per id computes what it computes on the dense gradient, while sparse-friendly updates (plain SGD)
+stay scatters. Both are public methods wrapped on the instance (no subclass, so `get_config`, `model.keras` and
+checkpoints are unchanged); `tf.unique` compiles under XLA (a bounded dynamic size).
 """
 
 from __future__ import annotations
 
+import functools
+
+import tensorflow as tf
+
+# Marks a method this module wrapped, so that a second call wraps nothing.
+_COMBINED = "_tpukit_combines_repeated_ids"
+
+
+def combined_slices(gradient):
+    """`gradient` with one slice per distinct index (the sum of its slices) if it is a `tf.IndexedSlices`;
+    anything else (a dense tensor, None) as it is."""
+    if not isinstance(gradient, tf.IndexedSlices):
+        return gradient
+    ids, position = tf.unique(gradient.indices)
+    values = tf.math.unsorted_segment_sum(gradient.values, position, tf.shape(ids)[0])
+    return tf.IndexedSlices(values, ids, gradient.dense_shape)
+
+
+def _optimizers(optimizer):
+    """`optimizer` and the optimizers it wraps (`LossScaleOptimizer.inner_optimizer`), outermost first."""
+    while optimizer is not None:
+        yield optimizer
+        optimizer = getattr(optimizer, "inner_optimizer", None)
+
+
+def _wrap_apply(optimizer) -> None:
+    apply = optimizer.apply
+    if getattr(apply, _COMBINED, False):
+        return
+
+    @functools.wraps(apply)
+    def apply_combined(grads, *args, **kwargs):
+        return apply([combined_slices(g) for g in grads], *args, **kwargs)
+
+    setattr(apply_combined, _COMBINED, True)
+    optimizer.apply = apply_combined
+
+
+def _wrap_update_step(optimizer) -> None:
+    update_step = optimizer.update_step
+    if getattr(update_step, _COMBINED, False):
+        return
+
+    @functools.wraps(update_step)
+    def update_step_combined(gradient, *args, **kwargs):
+        return update_step(combined_slices(gradient), *args, **kwargs)
+
+    setattr(update_step_combined, _COMBINED, True)
+    optimizer.update_step = update_step_combined
+
 
 def combine_repeated_ids(optimizer):
-    """Returns `optimizer`, made to sum the gradient slices of repeated ids before each update."""
+    """Makes `optimizer` (and the optimizer a `LossScaleOptimizer` wraps) sum the gradient slices of repeated ids
+    before each update; returns it.
+
+    Idempotent, and a no-op for dense gradients. The methods are wrapped on this instance only: an optimizer
+    rebuilt from its config (a loaded `model.keras`) needs the call again.
+
+    Args:
+        optimizer: a Keras 3 optimizer on the TensorFlow backend (any class, built or not).
+
+    Returns:
+        `optimizer` itself.
+    """
+    for each in _optimizers(optimizer):
+        _wrap_apply(each)
+        _wrap_update_step(each)
     return optimizer

@@ -17,7 +17,8 @@ every N steps); this module adds the same around an unmodified `model.fit`:
 * early stopping's state and a finished early stop are kept in the checkpoint (`checkpoint.RunState`), so a
   restarted or re-run command neither restarts patience nor trains again.
 
-All counting uses `optimizer.iterations`, so it stays right when `steps_per_execution` > 1.
+All counting is in batches (`keras_private.batch_step`: `optimizer.iterations` counts updates under gradient
+accumulation), so it stays right when `steps_per_execution` > 1.
 """
 
 from __future__ import annotations
@@ -270,8 +271,11 @@ def _span(step: int, steps_per_epoch: int, epochs: int) -> dict:
 def _fit_segment(model, dataset, guard, span: dict, **fit_kwargs):
     """One `model.fit` call. After a SIGTERM or a NaN Keras would still run the epoch's validation before `fit`
     returns: on a preemptible VM that can outlast the notice, and on NaN weights it is wasted and pollutes the logs."""
-    with keras_private.validation_only_while(
-        model, lambda: not guard.preempted and guard.diverged_at is None
+    with (
+        keras_private.validation_only_while(
+            model, lambda: not guard.preempted and guard.diverged_at is None
+        ),
+        keras_private.averages_kept_apart(model.optimizer),
     ):
         # shuffle=False: the pipeline shuffles; Keras cannot shuffle a dataset.
         return model.fit(dataset, shuffle=False, **span, **fit_kwargs)

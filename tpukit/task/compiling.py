@@ -1,0 +1,540 @@
+"""The model against its data, and compiled for it: inputs matched by name, a loss and exact metrics per output.
+
+    spec = fit_to_data(model, recipe, labels)      # RecipeError before anything is written
+    compile_model(model, recipe, spec, optimizer, jit_compile, steps_per_execution)
+
+The pairing follows Keras: a dict of features feeds the inputs of the same names (extra features are left out of
+the pipeline, which Keras itself would refuse), a tuple feeds them in order. The targets (`tpukit.task.targets`)
+come from the model's outputs and a sample of the labels, or from `train.task`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tpukit import data
+from tpukit.data import SOURCES
+from tpukit.recipe import Recipe, RecipeError
+from tpukit.task.losses import SparseCategoricalCrossentropyWithLabelSmoothing, WeightedLoss
+from tpukit.task.targets import LabelFacts, OutputFacts, Target, TargetError, decide
+
+logger = logging.getLogger("tpukit")
+
+# Labels read per split to infer the task and check the label range before anything is written. Arrays given to
+# `tpukit.fit` are read whole; a source's labels beyond this sample are checked by the first step that meets them.
+LABEL_SAMPLE = 4096
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """How the data feeds a built model: the feature keys it takes (None: the features as they are), its targets,
+    and the weight of each output's exact loss metric in the total (metric name -> weight)."""
+
+    feature_keys: tuple[str, ...] | None
+    targets: tuple[Target, ...]
+    exact_loss: dict[str, float]
+    custom_step: bool = False
+    labels_keyed: bool = False  # the labels come as a dict by output name
+    outputs_keyed: bool = False  # the model returns a dict
+
+    @property
+    def several(self) -> bool:
+        """Keras names each output's metrics `<output>_<metric>` (several outputs, or labels keyed by name)."""
+        return len(self.targets) > 1 or self.labels_keyed or self.outputs_keyed
+
+    @property
+    def weight_ranks(self):
+        """The eval weights' rank per label (a dict or tuple like the labels), for `data.eval_batches`."""
+        if not self.targets:
+            return None
+        if self.labels_keyed:
+            return {t.output: t.weight_rank for t in self.targets}
+        ranks = tuple(t.weight_rank for t in self.targets)
+        return ranks if len(ranks) > 1 else ranks[0]
+
+
+# -- Facts ----------------------------------------------------------------------------------------------------------
+
+
+def _source_examples(recipe: Recipe, split: str) -> tf.data.Dataset:
+    source = SOURCES[recipe.data.source]
+    reserved = data.run_args(source, False, False, recipe.data.skip_corrupt)
+    return source(split=split, input_context=None, **reserved, **recipe.data.options)
+
+
+def _label_values(recipe: Recipe, split: str):
+    """The labels of up to LABEL_SAMPLE examples of a split (all of them for `tpukit.fit`'s arrays), as NumPy."""
+    source = SOURCES[recipe.data.source]
+    given = getattr(source, "tpukit_labels", None)
+    if given is not None:
+        return given(split)
+    labels = _source_examples(recipe, split).map(lambda _, label: label)
+    batch = next(iter(labels.take(LABEL_SAMPLE).batch(LABEL_SAMPLE)), None)
+    return None if batch is None else tf.nest.map_structure(lambda t: t.numpy(), batch)
+
+
+def _facts(values: np.ndarray) -> LabelFacts:
+    values = np.asarray(values)
+    numbers = values.astype(np.float64)
+    shape = tuple(values.shape[1:])
+    if numbers.size == 0:
+        return LabelFacts(shape, values.dtype.name)
+    rows = numbers.sum(axis=-1) if numbers.ndim >= 2 else None
+    return LabelFacts(
+        shape=shape,
+        dtype=values.dtype.name,
+        sampled=len(values),
+        low=float(numbers.min()),
+        high=float(numbers.max()),
+        integral=bool(np.all(numbers == np.round(numbers))),
+        binary=bool(np.all((numbers == 0) | (numbers == 1))),
+        rows_sum_to_one=rows is not None and bool(np.allclose(rows, 1.0, atol=1e-3)),
+    )
+
+
+def _merged(a: LabelFacts, b: LabelFacts) -> LabelFacts:
+    if not b.sampled:
+        return a
+    if not a.sampled:
+        return dataclasses.replace(b, shape=a.shape, dtype=a.dtype)
+    return dataclasses.replace(
+        a,
+        sampled=a.sampled + b.sampled,
+        low=min(a.low, b.low),
+        high=max(a.high, b.high),
+        integral=a.integral and b.integral,
+        binary=a.binary and b.binary,
+        rows_sum_to_one=a.rows_sum_to_one and b.rows_sum_to_one,
+    )
+
+
+def label_facts(recipe: Recipe, evaluating: bool):
+    """`LabelFacts` for the recipe's labels (a dict or tuple of them for several), from the train split and, when
+    `evaluating`, the eval split: shapes and dtypes from the data's spec, values from a sample."""
+    spec = _source_examples(recipe, recipe.data.train_split).element_spec
+    if not isinstance(spec, tuple) or len(spec) != 2:
+        raise RecipeError(
+            f"{recipe.path}: data.source={recipe.data.source!r} gives elements of {spec}; tpukit trains on "
+            "(features, labels) pairs. Fix: make the source return a dataset of (features, labels) tuples."
+        )
+    splits = [recipe.data.train_split] + ([recipe.data.eval_split] if evaluating else [])
+    merged = None
+    for split in splits:
+        values = _label_values(recipe, split)
+        if values is None:
+            continue
+        facts = tf.nest.map_structure(_facts, values)
+        merged = facts if merged is None else tf.nest.map_structure(_merged, merged, facts)
+    if merged is None:
+        merged = tf.nest.map_structure(lambda s: LabelFacts(tuple(s.shape), s.dtype.name), spec[1])
+    return merged
+
+
+def _activation(layer) -> str | None:
+    if isinstance(layer, keras.layers.Softmax):
+        return "softmax"
+    function = getattr(layer, "activation", None)
+    return getattr(function, "__name__", None) if function is not None else None
+
+
+def _output_layers(model) -> dict[int, Any]:
+    """Output index -> the layer that produced it (functional and Sequential models; {} for subclassed ones)."""
+    outputs = getattr(model, "outputs", None) or []
+    found = {}
+    for layer in getattr(model, "layers", []):
+        try:
+            produced = layer.output
+        except (AttributeError, ValueError):  # a layer used more than once, or never called
+            continue
+        for index, tensor in enumerate(outputs):
+            if produced is tensor:
+                found[index] = layer
+    return found
+
+
+def _symbolic(spec) -> Any:
+    return keras.KerasTensor((None, *spec.shape[1:]), dtype=spec.dtype.name)
+
+
+def output_facts(model, features_spec) -> tuple[list[OutputFacts], bool]:
+    """The model's outputs (names, shapes, activations) and whether they come as a dict, from a symbolic call on
+    the features' spec (which also builds a subclassed model's weights, no device work)."""
+    outputs = model(tf.nest.map_structure(_symbolic, features_spec), training=False)
+    keyed = isinstance(outputs, Mapping)
+    if keyed:
+        names, tensors = list(outputs), list(outputs.values())
+    else:
+        tensors = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+        declared = list(getattr(model, "output_names", None) or [])
+        names = (
+            declared
+            if len(declared) == len(tensors)
+            else (["output"] if len(tensors) == 1 else [f"output_{i}" for i in range(len(tensors))])
+        )
+    layers = _output_layers(model)
+    declared_order = list(getattr(model, "output_names", None) or [])
+    facts = []
+    for index, (name, tensor) in enumerate(zip(names, tensors, strict=True)):
+        # Keras orders a dict-output model's `outputs` as its `output_names`.
+        where = declared_order.index(name) if keyed and name in declared_order else index
+        facts.append(OutputFacts(name, tuple(tensor.shape[1:]), _activation(layers.get(where))))
+    return facts, keyed
+
+
+# -- Inputs ---------------------------------------------------------------------------------------------------------
+
+
+def _shape_fits(data_shape: tuple, model_shape: tuple) -> bool:
+    return len(data_shape) == len(model_shape) and all(
+        m is None or d is None or m == d for d, m in zip(data_shape, model_shape, strict=True)
+    )
+
+
+def _check_inputs(recipe: Recipe, model, features_spec) -> tuple[str, ...] | None:
+    """Feature keys the model takes (a dict of features, by input name as Keras matches them); raises a
+    RecipeError where the features and the model's declared inputs differ in number, name or shape."""
+    inputs = getattr(model, "inputs", None)
+    if not inputs:
+        return None  # a subclassed model declares no inputs; the symbolic call below checks what it can
+    where = f"{recipe.path}: model {recipe.model.name!r}"
+    source = f"data.source={recipe.data.source!r}"
+    keys = None
+    if isinstance(features_spec, Mapping):
+        names = [t.name for t in inputs]
+        missing = [n for n in names if n not in features_spec]
+        if missing:
+            raise RecipeError(
+                f"{where} takes inputs named {names} but {source} gives features {sorted(features_spec)} (none "
+                f"named {missing}). Fix: name each keras.Input(name=...) after a feature, or rename the features."
+            )
+        keys = tuple(names)
+        pairs = [(n, features_spec[n], t) for n, t in zip(names, inputs, strict=True)]
+    else:
+        specs = tf.nest.flatten(features_spec)
+        if len(specs) != len(inputs):
+            raise RecipeError(
+                f"{where} takes {len(inputs)} input(s) but {source} gives {len(specs)} feature tensor(s). Fix: make "
+                "them match (a dict of features keyed by input name, or a tuple in input order)."
+            )
+        pairs = [(t.name, s, t) for s, t in zip(specs, inputs, strict=True)]
+    for name, spec, tensor in pairs:
+        data_shape, model_shape = tuple(spec.shape[1:]), tuple(tensor.shape[1:])
+        if not _shape_fits(data_shape, model_shape):
+            label = f"input {name!r}" if len(pairs) > 1 else "the model"
+            raise RecipeError(
+                f"{where}: {label} takes examples of shape {list(model_shape)} but {source} gives "
+                f"{list(data_shape)}. Fix: set the model's input shape to the data's (e.g. --set "
+                f"model.input_shape={list(data_shape)}) or change the data options."
+            )
+    return keys
+
+
+def _class_fix(recipe: Recipe):
+    """The fix for labels beyond an output's classes: the builder argument that sets the class count, if any."""
+    from tpukit.models import MODELS
+
+    builder = MODELS[recipe.model.name]
+    try:
+        params = inspect.signature(builder).parameters
+    except (TypeError, ValueError):
+        params = {}
+
+    def fix(target: Target, classes: int) -> str:
+        for name, p in params.items():
+            value = recipe.model.kwargs.get(name, p.default)
+            if isinstance(value, int) and not isinstance(value, bool) and value == target.classes:
+                return f"set model.{name} to at least {classes} (e.g. --set model.{name}={classes})"
+        return f"make output {target.output!r} {classes} classes wide (its last layer's units)"
+
+    return fix
+
+
+def _custom_step(model) -> bool:
+    cls = type(model)
+    return (
+        cls.train_step is not keras.Model.train_step or cls.test_step is not keras.Model.test_step
+    )
+
+
+def fit_to_data(model, recipe: Recipe, labels) -> ModelSpec:
+    """Checks the model against the data (inputs by name and shape, outputs against labels and their range) and
+    returns how to feed and compile it. Raises RecipeError with the fix; nothing is written."""
+    features_spec = _source_examples(recipe, recipe.data.train_split).element_spec[0]
+    batched = tf.nest.map_structure(
+        lambda s: tf.TensorSpec((None, *s.shape), s.dtype), features_spec
+    )
+    keys = _check_inputs(recipe, model, batched)
+    fed = {k: batched[k] for k in keys} if keys is not None else batched
+    try:
+        outputs, keyed = output_facts(model, fed)
+    except (ValueError, TypeError) as error:
+        raise RecipeError(
+            f"{recipe.path}: model {recipe.model.name!r} cannot take data.source={recipe.data.source!r}'s "
+            f"features {tf.nest.map_structure(lambda s: list(s.shape[1:]), fed)}: "
+            f"{str(error).strip().splitlines()[0][:300]} Fix: make the model's inputs take the features."
+        ) from None
+    custom = _custom_step(model)
+    if custom and recipe.train.task == "auto" and not recipe.train.loss and not model.compiled:
+        try:
+            targets = decide(outputs, labels, "auto", _class_fix(recipe))
+        except TargetError:
+            targets = []  # its own train_step may take any labels: Keras reports what it cannot
+    else:
+        try:
+            targets = decide(outputs, labels, recipe.train.task, _class_fix(recipe))
+        except TargetError as error:
+            raise RecipeError(f"{recipe.path}: {error}") from None
+    for target in targets:
+        logger.info("tpukit: %s", target.describe())
+    spec = ModelSpec(
+        feature_keys=keys,
+        targets=tuple(targets),
+        exact_loss={},
+        custom_step=custom,
+        labels_keyed=isinstance(labels, Mapping),
+        outputs_keyed=keyed,
+    )
+    own_loss = model.compiled and model.loss is not None
+    return dataclasses.replace(spec, exact_loss=_exact_loss_weights(spec, recipe, own_loss))
+
+
+# -- Losses and metrics ---------------------------------------------------------------------------------------------
+
+
+def _loss_weights(recipe: Recipe, targets) -> dict[str, float]:
+    weights = recipe.train.loss_weights
+    if weights is None:
+        return {t.output: 1.0 for t in targets}
+    if isinstance(weights, Mapping):
+        unknown = [k for k in weights if k not in [t.output for t in targets]]
+        if unknown:
+            raise RecipeError(
+                f"{recipe.path}: train.loss_weights names {unknown}, but the model's outputs are "
+                f"{[t.output for t in targets]}. Fix: key train.loss_weights by output name."
+            )
+        return {t.output: float(weights.get(t.output, 1.0)) for t in targets}
+    if len(weights) != len(targets):
+        raise RecipeError(
+            f"{recipe.path}: train.loss_weights has {len(weights)} values for {len(targets)} output(s) "
+            f"{[t.output for t in targets]}. Fix: give one weight per output, or a mapping by output name."
+        )
+    return {t.output: float(w) for t, w in zip(targets, weights, strict=True)}
+
+
+def _exact_loss_weights(spec: ModelSpec, recipe: Recipe, own_loss: bool) -> dict[str, float]:
+    """The logged metric that is each output's exact loss, and its weight in the total loss."""
+    weights = _loss_weights(recipe, spec.targets)
+    result = {}
+    for target in spec.targets:
+        name = _exact_loss_metric(target, recipe, own_loss)
+        result[f"{target.output}_{name}" if spec.several else name] = weights[target.output]
+    return result
+
+
+def _exact_loss_metric(target: Target, recipe: Recipe, own_loss: bool) -> str:
+    plain = target.task == "classification" and target.sparse and target.from_logits
+    if plain and not recipe.train.label_smoothing and not recipe.train.loss and not own_loss:
+        return (
+            "cross_entropy"  # the loss itself: a second metric would cost another softmax per step
+        )
+    return "weighted_loss"
+
+
+# Loss and metric objects given to `tpukit.fit` (registered under a name for the duration of the call).
+OBJECTS: dict[str, Any] = {}
+
+
+def _fresh(metric):
+    """A new instance of a metric object (its variables are made in the caller's scope, once per model)."""
+    if isinstance(metric, keras.metrics.Metric):
+        return type(metric).from_config(metric.get_config())
+    return metric
+
+
+def _named(kind: str, name: str, recipe: Recipe):
+    """A loss or metric named in the recipe: a Keras name, or an importable 'module.path:function'."""
+    from tpukit.recipe import registry
+
+    if name in OBJECTS:
+        return _fresh(OBJECTS[name])
+    getter = keras.losses.get if kind == "loss" else keras.metrics.get
+    if ":" in name:
+        try:
+            found = registry.lookup({}, name, f"train.{kind}")
+        except registry.RegistryError as error:
+            raise RecipeError(f"{recipe.path}: {error}") from None
+        return found() if isinstance(found, type) else _fresh(found)
+    try:
+        return getter(name)
+    except ValueError:
+        raise RecipeError(
+            f"{recipe.path}: train.{kind} {name!r} is not a Keras {kind} name. Fix: use a Keras name (e.g. "
+            f"{'huber, mse, binary_crossentropy' if kind == 'loss' else 'mae, auc, precision'}) or an importable "
+            "'module.path:function'."
+        ) from None
+
+
+def _per_output(value, index: int, target: Target, several: bool):
+    """An output's entry in a compile argument given per output (a dict by name or a list in order), or the
+    argument itself when it is one for all."""
+    if isinstance(value, Mapping):
+        return value.get(target.output)
+    if several and isinstance(value, (list, tuple)):
+        return value[index] if index < len(value) else None
+    return value
+
+
+def task_loss(target: Target, label_smoothing: float, reduction="mean_with_sample_weight"):
+    """The loss for a target: cross-entropy (sparse, categorical or binary, smoothed if asked) or squared error.
+    The default reduction averages over the real examples only: eval batches carry zero-weight padding."""
+    logits = target.from_logits
+    if target.task == "classification" and target.sparse:
+        if label_smoothing:
+            return SparseCategoricalCrossentropyWithLabelSmoothing(
+                label_smoothing, from_logits=logits, reduction=reduction
+            )
+        return keras.losses.SparseCategoricalCrossentropy(from_logits=logits, reduction=reduction)
+    if target.task == "classification":
+        return keras.losses.CategoricalCrossentropy(
+            from_logits=logits, label_smoothing=label_smoothing, reduction=reduction
+        )
+    if target.task in ("binary", "multi_label"):
+        return keras.losses.BinaryCrossentropy(
+            from_logits=logits, label_smoothing=label_smoothing, reduction=reduction
+        )
+    return keras.losses.MeanSquaredError(reduction=reduction)
+
+
+def task_metrics(target: Target) -> list:
+    """Accuracy and cross-entropy (classification, binary, multi-label; AUC for the last two), or squared and
+    absolute error (regression): each weighted by the sample weights, so exact over padded eval batches."""
+    logits = target.from_logits
+    if target.task == "classification" and target.sparse:
+        return [
+            keras.metrics.SparseCategoricalAccuracy(name="accuracy"),
+            keras.metrics.SparseCategoricalCrossentropy(from_logits=logits, name="cross_entropy"),
+        ]
+    if target.task == "classification":
+        return [
+            keras.metrics.CategoricalAccuracy(name="accuracy"),
+            keras.metrics.CategoricalCrossentropy(from_logits=logits, name="cross_entropy"),
+        ]
+    if target.task in ("binary", "multi_label"):
+        return [
+            keras.metrics.BinaryAccuracy(name="accuracy", threshold=0.0 if logits else 0.5),
+            keras.metrics.BinaryCrossentropy(from_logits=logits, name="cross_entropy"),
+            keras.metrics.AUC(
+                name="auc",
+                from_logits=logits,
+                multi_label=target.task == "multi_label",
+                num_labels=target.classes if target.task == "multi_label" else None,
+            ),
+        ]
+    return [
+        keras.metrics.MeanSquaredError(name="mse"),
+        keras.metrics.MeanAbsoluteError(name="mae"),
+    ]
+
+
+def _compiled_config(model) -> dict:
+    """The loss, loss weights and metrics the builder compiled the model with ({} if it did not compile it)."""
+    if not model.compiled:
+        return {}
+    config = model.get_compile_config() or {}
+
+    def restore(value):
+        if value is None or isinstance(value, str):
+            return value
+        if isinstance(value, Mapping) and "class_name" in value:
+            return keras.saving.deserialize_keras_object(value)
+        if isinstance(value, Mapping):
+            return {k: restore(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [restore(v) for v in value]
+        return value
+
+    result = {"loss": model.loss, "loss_weights": config.get("loss_weights")}
+    metrics = [config.get("metrics"), config.get("weighted_metrics")]
+    try:
+        restored = [restore(m) for m in metrics]
+    except (TypeError, ValueError) as error:
+        raise RecipeError(
+            f"the model was compiled with metrics tpukit cannot rebuild ({error}). Fix: pass them to "
+            "tpukit.fit(metrics=[...]) or train.metrics, or register them with "
+            "@keras.saving.register_keras_serializable()."
+        ) from None
+    restored = [m for m in restored if m]
+    if len(restored) == 2 and isinstance(restored[0], list) and isinstance(restored[1], list):
+        restored = [restored[0] + restored[1]]
+    result["metrics"] = restored[0] if restored else None
+    return result
+
+
+def compile_model(
+    model, recipe: Recipe, spec: ModelSpec, optimizer, jit_compile: bool, steps_per_execution: int
+):
+    """Compiles `model` for its targets: the task's loss (or `train.loss`, or the one the builder compiled), the
+    exact weighted loss, and the task's metrics (or `train.metrics`, or the builder's), all as weighted metrics."""
+    train = recipe.train
+    own = _compiled_config(model)
+    targets, several = spec.targets, spec.several
+    own_loss = own.get("loss") is not None
+    losses, metrics = {}, {}
+    for index, target in enumerate(targets):
+        named = _per_output(train.loss, index, target, several) if train.loss else None
+        if named:
+            loss = _named("loss", named, recipe)
+        elif own_loss:
+            loss = _per_output(own["loss"], index, target, several)
+        else:
+            loss = task_loss(target, train.label_smoothing)
+        losses[target.output] = loss
+        wanted = _per_output(train.metrics, index, target, several) if train.metrics else None
+        if wanted:
+            chosen = [_named("metric", name, recipe) for name in wanted]
+        elif own.get("metrics") is not None:
+            chosen = list(_per_output(own["metrics"], index, target, several) or [])
+        else:
+            chosen = task_metrics(target)
+        if _exact_loss_metric(target, recipe, own_loss) == "weighted_loss":
+            exact = loss if loss is not None else task_loss(target, train.label_smoothing)
+            if isinstance(exact, str):
+                exact = keras.losses.get(exact)
+            chosen = [*chosen, WeightedLoss(exact)]
+        elif not any(getattr(m, "name", None) == "cross_entropy" for m in chosen):
+            chosen = [*chosen, *task_metrics(target)[1:2]]
+        metrics[target.output] = chosen
+    if not targets:  # a model with its own train_step and labels tpukit does not read
+        compile_args = dict(loss=own.get("loss"), weighted_metrics=own.get("metrics"))
+    elif several:
+        weights = _loss_weights(recipe, targets)
+        if recipe.train.loss_weights is None and own.get("loss_weights"):
+            weights = own["loss_weights"]
+        compile_args = dict(loss=losses, loss_weights=weights, weighted_metrics=metrics)
+        if not (spec.labels_keyed or spec.outputs_keyed):
+            order = [t.output for t in targets]
+            compile_args = dict(
+                loss=[losses[n] for n in order],
+                loss_weights=[weights[n] for n in order]
+                if isinstance(weights, Mapping)
+                else weights,
+                weighted_metrics=[metrics[n] for n in order],
+            )
+    else:
+        (name,) = losses
+        compile_args = dict(loss=losses[name], weighted_metrics=metrics[name])
+    model.compile(
+        optimizer=optimizer,
+        jit_compile=jit_compile,
+        steps_per_execution=steps_per_execution,
+        **compile_args,
+    )
+    return model

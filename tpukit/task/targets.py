@@ -1,0 +1,285 @@
+"""What each model output is trained to predict, from the model and the labels (or as the recipe states it).
+
+tpukit trains any Keras model on any labels Keras itself takes, and picks the loss and the exact metrics from the
+pair, as AutoKeras' heads and Ludwig's output features do from the data:
+
+| labels (per example)                  | model output            | task (`train.task`)       | loss                    |
+|---------------------------------------|-------------------------|---------------------------|-------------------------|
+| integer class ids, shape `S`          | `S + (C,)`, C > 1       | classification (sparse)   | sparse cross-entropy    |
+| one-hot or soft, shape `S + (C,)`     | `S + (C,)`, softmax/logits | classification (dense) | categorical cross-entropy |
+| 0/1, shape `S` or `S + (1,)`          | one unit, sigmoid/logit | binary                    | binary cross-entropy    |
+| 0/1 per class, shape `S + (C,)`       | C units, sigmoid/logits | multi_label               | binary cross-entropy    |
+| real numbers, the output's shape      | linear                  | regression                | mean squared error      |
+
+An output whose activation is softmax or sigmoid gives probabilities, any other gives logits (`from_logits`). Labels
+are paired with outputs as Keras pairs them: a dict by output name, a tuple or list in output order, a single
+tensor with a single output. Where the labels leave the task open (0/1 labels of a linear output could be binary
+logits or a regression) the rule above picks one and the log says which, with the `train.task` that changes it.
+
+`decide` is pure (no TensorFlow): it takes `OutputFacts` and `LabelFacts` and returns a `Target` per output or
+raises `TargetError`, which `tpukit.task` turns into a RecipeError naming the recipe and the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+TASKS = ("classification", "binary", "multi_label", "regression")
+
+
+class TargetError(ValueError):
+    """The model's outputs and the data's labels do not fit together (the message says how, and the fix)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputFacts:
+    """One model output: its name, its shape per example and its final activation ("softmax", "sigmoid",
+    "linear", ...; None when it cannot be read, e.g. a subclassed model)."""
+
+    name: str
+    shape: tuple
+    activation: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class LabelFacts:
+    """One label tensor of the data: its shape per example and dtype, and what a sample of its values shows."""
+
+    shape: tuple
+    dtype: str
+    sampled: int = 0  # examples whose labels were read (0: values unknown)
+    low: float | None = None
+    high: float | None = None
+    integral: bool = True  # every sampled value is a whole number
+    binary: bool = False  # every sampled value is 0 or 1
+    rows_sum_to_one: bool = (
+        False  # the last axis sums to 1 in every sampled example (one-hot or soft labels)
+    )
+
+    @property
+    def integer(self) -> bool:
+        return self.dtype.startswith(("int", "uint")) or self.dtype == "bool"
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """What one output is trained on. `sparse`: integer class ids against `classes` logits or probabilities.
+    `weight_rank`: the label dimensions (after the batch) that carry their own loss, hence their own eval weight
+    (0: one weight per example; 1 for a language model's per-token labels)."""
+
+    output: str
+    task: str
+    sparse: bool
+    from_logits: bool
+    classes: int
+    weight_rank: int
+    inferred: bool = True
+    label: LabelFacts | None = None
+
+    def describe(self) -> str:
+        kind = {
+            ("classification", True): f"classification over {self.classes} classes, integer labels",
+            (
+                "classification",
+                False,
+            ): f"classification over {self.classes} classes, one-hot or soft labels",
+        }.get((self.task, self.sparse), self.task)
+        given = "from logits" if self.from_logits else "from probabilities"
+        if self.task == "regression":
+            given = ""
+        how = "inferred from the model and the labels" if self.inferred else "train.task"
+        return f"output {self.output!r}: {kind}{' ' + given if given else ''} ({how})"
+
+
+def _shape(shape) -> str:
+    return str(list(shape))
+
+
+def _probabilities(activation: str | None) -> bool:
+    return activation in ("softmax", "sigmoid")
+
+
+def pair(outputs: list[OutputFacts], labels: Any) -> list[tuple[OutputFacts, LabelFacts]]:
+    """Pairs outputs with labels as Keras does: by output name for a mapping, in order for a sequence."""
+    names = [o.name for o in outputs]
+    if isinstance(labels, Mapping):
+        missing = [n for n in names if n not in labels]
+        extra = [k for k in labels if k not in names]
+        if missing or extra:
+            raise TargetError(
+                f"the model's outputs are named {names} but the data's labels are {sorted(labels)}"
+                + (f" (no label for {missing})" if missing else "")
+                + (f" (no output for {extra})" if extra else "")
+                + ". Fix: key the labels by the model's output names (the `name=` of each output layer)."
+            )
+        return [(o, labels[o.name]) for o in outputs]
+    if isinstance(labels, (list, tuple)):
+        if len(labels) != len(outputs):
+            raise TargetError(
+                f"the model has {len(outputs)} output(s) {names} but the data gives {len(labels)} labels. Fix: give "
+                "one label per output, as a dict keyed by output name or a tuple in output order."
+            )
+        return list(zip(outputs, labels, strict=True))
+    if len(outputs) != 1:
+        raise TargetError(
+            f"the model has {len(outputs)} outputs {names} but the data gives one label tensor. Fix: give one "
+            f"label per output, e.g. a dict {{{', '.join(repr(n) + ': ...' for n in names)}}}."
+        )
+    return [(outputs[0], labels)]
+
+
+def _fits(label: tuple, output: tuple) -> bool:
+    """Labels of the output's shape, allowing a trailing axis of 1 on either side (Keras squeezes it)."""
+    return label == output or label + (1,) == output or label == output + (1,)
+
+
+def _sparse_fits(label: tuple, output: tuple) -> bool:
+    return len(output) >= 1 and label in (output[:-1], output[:-1] + (1,))
+
+
+def _auto(output: OutputFacts, label: LabelFacts) -> str | None:
+    shape, classes = output.shape, (output.shape[-1] if output.shape else 1)
+    if (
+        classes is not None
+        and classes > 1
+        and _sparse_fits(label.shape, shape)
+        and (label.integer or label.integral)
+    ):
+        return "classification"
+    if not _fits(label.shape, shape):
+        return None
+    if output.activation == "softmax":
+        return "classification"
+    if output.activation == "sigmoid":
+        return "binary" if classes == 1 else "multi_label"
+    if label.integer or (label.sampled and label.binary):
+        if classes == 1:
+            return "binary"
+        return "classification" if label.rows_sum_to_one else "multi_label"
+    return "regression"
+
+
+def _mismatch(output: OutputFacts, label: LabelFacts, task: str | None) -> TargetError:
+    shape = output.shape
+    classes = shape[-1] if shape else 1
+    wanted = {
+        "classification": f"integer labels of shape {_shape(shape[:-1])} or one-hot labels of shape {_shape(shape)}",
+        "binary": f"one 0/1 label per output unit (shape {_shape(shape)}), and one unit per label",
+        "multi_label": f"0/1 labels of shape {_shape(shape)}",
+        "regression": f"labels of shape {_shape(shape)}",
+    }
+    what = (
+        f"train.task {task!r} takes {wanted[task]}"
+        if task
+        else (
+            f"it takes integer class ids of shape {_shape(shape[:-1])}, or labels of its own shape "
+            f"{_shape(shape)}"
+        )
+    )
+    fix = (
+        f"make the model's output layer {list(label.shape)[-1] if label.shape else 1} unit(s) wide, or reshape "
+        "the labels"
+    )
+    if task == "binary" and classes and classes > 1:
+        fix = "end the model with Dense(1) (a logit, or sigmoid), or set train.task: multi_label"
+    return TargetError(
+        f"model output {output.name!r} has shape {_shape(shape)} per example but the labels have shape "
+        f"{_shape(label.shape)} ({label.dtype}); {what}. Fix: {fix}."
+    )
+
+
+def _check_values(target: Target, label: LabelFacts, fix_classes) -> None:
+    if not label.sampled:
+        return
+    seen = f"labels seen in {label.sampled} examples range over [{label.low:g}, {label.high:g}]"
+    if target.task == "classification" and target.sparse:
+        if not label.integral:
+            raise TargetError(
+                f"output {target.output!r} is trained on class ids, but the labels hold fractions ({seen}). Fix: "
+                "give integer class ids, one-hot labels of the output's shape, or set train.task: regression."
+            )
+        if label.low < 0 or label.high >= target.classes:
+            raise TargetError(
+                f"output {target.output!r} has {target.classes} classes (ids 0..{target.classes - 1}) but the "
+                f"{seen}. Fix: {fix_classes(target, int(label.high) + 1)}, or check the labels."
+            )
+    elif target.task in ("binary", "multi_label") and (label.low < 0 or label.high > 1):
+        raise TargetError(
+            f"output {target.output!r} is trained as {target.task} (labels in [0, 1]) but the {seen}. Fix: give 0/1 "
+            "labels (or probabilities), or set train.task: regression (or classification for class ids)."
+        )
+    elif target.task == "classification" and label.low < 0:
+        raise TargetError(
+            f"output {target.output!r} is trained on one-hot or soft labels, which cannot be negative, but the "
+            f"{seen}. Fix: give probabilities per class, or set train.task: regression."
+        )
+
+
+def _default_fix(target: Target, classes: int) -> str:
+    return f"make output {target.output!r} {classes} classes wide (its last layer's units)"
+
+
+def decide(
+    outputs: list[OutputFacts],
+    labels: Any,
+    stated: str | Mapping[str, str] = "auto",
+    fix_classes=_default_fix,
+) -> list[Target]:
+    """A `Target` per output, in output order. `labels`: `LabelFacts`, or a dict/list/tuple of them.
+
+    `stated` is `train.task`: "auto", one task for every output, or a mapping of output name to task.
+    `fix_classes(target, classes)` words the fix for labels beyond the output's classes.
+
+    Raises:
+        TargetError: the outputs and labels do not fit, a stated task does not fit them, or a label is out of range.
+    """
+    if isinstance(stated, Mapping):
+        unknown = [name for name in stated if name not in [o.name for o in outputs]]
+        if unknown:
+            raise TargetError(
+                f"train.task names output(s) {unknown}, but the model's outputs are {[o.name for o in outputs]}. "
+                "Fix: key train.task by output name."
+            )
+    targets = []
+    for output, label in pair(outputs, labels):
+        task = stated.get(output.name, "auto") if isinstance(stated, Mapping) else stated
+        inferred = task == "auto"
+        if inferred:
+            task = _auto(output, label)
+            if task is None:
+                raise _mismatch(output, label, None)
+        classes = output.shape[-1] if output.shape else 1
+        sparse = (
+            task == "classification" and _sparse_fits(label.shape, output.shape) and classes != 1
+        )
+        fits = sparse or _fits(label.shape, output.shape)
+        if task == "classification" and (classes is None or classes < 2):
+            raise TargetError(
+                f"output {output.name!r} has shape {_shape(output.shape)}: classification needs one unit per class "
+                "(2 or more). Fix: for two classes with one unit set train.task: binary, or widen the output layer."
+            )
+        if task == "binary" and classes != 1:
+            fits = False
+        if not fits:
+            raise _mismatch(output, label, task)
+        if task == "regression":
+            from_logits = False
+        elif task == "classification":
+            from_logits = output.activation != "softmax"
+        else:
+            from_logits = not _probabilities(output.activation)
+        target = Target(
+            output=output.name,
+            task=task,
+            sparse=sparse,
+            from_logits=from_logits,
+            classes=int(classes or 1),
+            weight_rank=max(len(output.shape) - 1, 0),
+            inferred=inferred,
+            label=label,
+        )
+        _check_values(target, label, fix_classes)
+        targets.append(target)
+    return targets
