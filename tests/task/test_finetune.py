@@ -10,7 +10,6 @@ import pytest
 
 import tpukit
 from tpukit.recipe import RecipeError, from_dict
-from tpukit.recipe.registry import register_model, register_source
 from tpukit.task import build_model
 
 X = np.random.RandomState(0).randn(128, 4).astype("float32")
