@@ -121,6 +121,7 @@ def input_fns(
     source = data.SOURCES[recipe.data.source]
     keys = spec.feature_keys if spec is not None else None
     weight_ranks = spec.weight_ranks if spec is not None else None
+    expand = spec.expand_labels if spec is not None else None
     config = recipe.data
     # Float features travel in the compute dtype (bfloat16 under mixed_bfloat16: half the infeed bytes).
     feature_dtype = (
@@ -144,6 +145,13 @@ def input_fns(
             # Keras flattens a dict of features in key order, so a feature the model does not take would shift
             # the others: only the model's inputs travel.
             examples = examples.map(lambda features, label: ({k: features[k] for k in keys}, label))
+        if expand is not None:
+            examples = examples.map(
+                lambda features, label: (
+                    features,
+                    tf.nest.map_structure(lambda t, e: t[..., None] if e else t, label, expand),
+                )
+            )
         return examples, config.cache and "cache" not in reserved
 
     def train_fn(input_context, skip_steps=0):

@@ -51,6 +51,17 @@ class ModelSpec:
         return len(self.targets) > 1 or self.labels_keyed or self.outputs_keyed
 
     @property
+    def expand_labels(self):
+        """Per label (a dict or tuple like the labels; None if none is), whether it gets a trailing axis of 1 to
+        take the output's shape: Keras' metric functions (unlike its losses) do not squeeze or expand."""
+        if not any(t.expand_label for t in self.targets):
+            return None
+        if self.labels_keyed:
+            return {t.output: t.expand_label for t in self.targets}
+        flags = tuple(t.expand_label for t in self.targets)
+        return flags if len(flags) > 1 else flags[0]
+
+    @property
     def weight_ranks(self):
         """The eval weights' rank per label (a dict or tuple like the labels), for `data.eval_batches`."""
         if not self.targets:
@@ -237,24 +248,24 @@ def _check_inputs(recipe: Recipe, model, features_spec) -> tuple[str, ...] | Non
     return keys
 
 
-def _class_fix(recipe: Recipe):
-    """The fix for labels beyond an output's classes: the builder argument that sets the class count, if any."""
+def class_count_fix(recipe: Recipe, output: str, has: int, needs: int) -> str:
+    """The fix for labels beyond an output's `has` classes: the builder argument whose value is the class count
+    (`model.num_classes`, `model.vocab_size`, ...), else the output layer's width."""
     from tpukit.models import MODELS
 
-    builder = MODELS[recipe.model.name]
     try:
-        params = inspect.signature(builder).parameters
-    except (TypeError, ValueError):
+        params = inspect.signature(MODELS[recipe.model.name]).parameters
+    except (TypeError, ValueError, KeyError):
         params = {}
+    for name, p in params.items():
+        value = recipe.model.kwargs.get(name, p.default)
+        if isinstance(value, int) and not isinstance(value, bool) and value == has:
+            return f"set model.{name} to at least {needs} (e.g. --set model.{name}={needs})"
+    return f"make output {output!r} {needs} classes wide (its last layer's units)"
 
-    def fix(target: Target, classes: int) -> str:
-        for name, p in params.items():
-            value = recipe.model.kwargs.get(name, p.default)
-            if isinstance(value, int) and not isinstance(value, bool) and value == target.classes:
-                return f"set model.{name} to at least {classes} (e.g. --set model.{name}={classes})"
-        return f"make output {target.output!r} {classes} classes wide (its last layer's units)"
 
-    return fix
+def _class_fix(recipe: Recipe):
+    return lambda target, needs: class_count_fix(recipe, target.output, target.classes, needs)
 
 
 def _custom_step(model) -> bool:

@@ -99,14 +99,13 @@ class WeightedLoss(keras.metrics.Mean):
             loss = keras.saving.deserialize_keras_object(loss)
         if loss is None:
             loss = SparseCategoricalCrossentropyWithLabelSmoothing(label_smoothing, reduction=None)
-        elif not isinstance(loss, keras.losses.Loss):
-            loss = keras.losses.LossFunctionWrapper(loss, reduction=None)
         self.loss = loss
 
     def update_state(self, y_true, y_pred, sample_weight=None):
         y_pred = keras.tree.map_structure(lambda t: ops.cast(t, "float32"), y_pred)
-        values = self.loss.call(y_true, y_pred)
-        return super().update_state(values, sample_weight=sample_weight)
+        # A Loss object's `call` gives the per-example values; a loss function (keras.losses.mse, your own) does.
+        call = self.loss.call if isinstance(self.loss, keras.losses.Loss) else self.loss
+        return super().update_state(call(y_true, y_pred), sample_weight=sample_weight)
 
     def get_config(self):
         return {

@@ -77,6 +77,9 @@ class Target:
     weight_rank: int
     inferred: bool = True
     label: LabelFacts | None = None
+    expand_label: bool = (
+        False  # labels one axis short of the output's trailing 1 (shape [] for Dense(1)) get it
+    )
 
     def describe(self) -> str:
         kind = {
@@ -158,6 +161,8 @@ def _auto(output: OutputFacts, label: LabelFacts) -> str | None:
         if classes == 1:
             return "binary"
         return "classification" if label.rows_sum_to_one else "multi_label"
+    if classes and classes > 1 and label.sampled and label.rows_sum_to_one and label.low >= 0:
+        return "classification"  # soft labels: probabilities over the classes
     return "regression"
 
 
@@ -279,6 +284,7 @@ def decide(
             weight_rank=max(len(output.shape) - 1, 0),
             inferred=inferred,
             label=label,
+            expand_label=not sparse and label.shape + (1,) == output.shape,
         )
         _check_values(target, label, fix_classes)
         targets.append(target)

@@ -552,10 +552,11 @@ def _label_range(the_plan: Plan, error: BaseException) -> RecipeError | None:
     if not found:
         return None
     label, classes = int(found.group(1)), int(found.group(2))
+    fix = task.compiling.class_count_fix(the_plan.recipe, "output", classes, label + 1)
     return RecipeError(
-        f"{the_plan.recipe.path}: data.source={the_plan.recipe.data.source!r} has label {label}, but model "
-        f"{the_plan.recipe.model.name!r} outputs {classes} classes. Fix: set the model's class count above the "
-        f"largest label (e.g. --set model.num_classes={label + 1}) or check the labels."
+        f"{the_plan.recipe.path}: data.source={the_plan.recipe.data.source!r} has label {label} (beyond the "
+        f"labels read before training), but model {the_plan.recipe.model.name!r} outputs {classes} classes. "
+        f"Fix: {fix}, or check the labels."
     )
 
 
