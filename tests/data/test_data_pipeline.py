@@ -110,7 +110,15 @@ def test_options_knobs_are_applied():
     )
     opts = dataset.options()
     assert opts.threading.private_threadpool_size == 3
-    assert opts.deterministic is False
+    assert (
+        opts.deterministic is True
+    )  # a seed repeats the batches unless the caller trades that away
+    assert (
+        data.training_batches(data.arrays(np.zeros((8, 2)), np.zeros(8)), 4, deterministic=False)
+        .options()
+        .deterministic
+        is False
+    )
     assert (
         data.eval_batches(data.arrays(np.zeros((8, 2)), np.zeros(8)), 8, 4).options().deterministic
         is True

@@ -58,6 +58,21 @@ def test_decodes_to_static_normalised_images(files, training):
     assert [s.shape.as_list() for s in spec] == [[4, 32, 32, 3], [4]]
 
 
+def test_training_order_repeats_with_deterministic_options(files):
+    # The parallel interleave follows data.deterministic: 4 files read 16-wide reorder on every pass otherwise.
+    def order():
+        examples = data.tfrecord_images(
+            "train", None, file_pattern=files, image_size=(16, 16), augment="none", training=True
+        )
+        options = tf.data.Options()
+        options.deterministic = True
+        return _labels(examples.with_options(options))
+
+    first = order()
+    assert sorted(first) == list(range(30))
+    assert all(order() == first for _ in range(4))
+
+
 def test_file_level_sharding_splits_files_between_pipelines(files):
     seen = []
     for i in range(2):

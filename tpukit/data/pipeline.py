@@ -133,7 +133,8 @@ def options(deterministic: bool, private_threadpool_size: int = 0) -> tf.data.Op
     """tf.data options for tpukit pipelines: autotuned, parallel maps, no automatic sharding.
 
     Args:
-        deterministic: keep element order (eval, tests); training trades it for throughput.
+        deterministic: keep element order (the default everywhere); False lets parallel stages hand out whichever
+            element is ready first, for input-bound training that does not need to repeat.
         private_threadpool_size: >0 gives this pipeline its own threads (isolates it from the train step's
             host threads); 0 uses TensorFlow's shared pool.
     """
@@ -160,7 +161,7 @@ def training_batches(
     shuffle_buffer: int = 10_000,
     seed: int | None = 0,
     cache: bool = True,
-    deterministic: bool = False,
+    deterministic: bool = True,
     repeat: bool = True,
     feature_dtype: str | tf.DType | None = None,
     prefetch_batches: int | None = None,
@@ -178,7 +179,8 @@ def training_batches(
         seed: shuffle seed (None: different every run).
         cache: cache `examples` in memory if they fit (see `maybe_cache`). Sources with random augmentation
             cache before it themselves; pass False for those.
-        deterministic: keep the order (slower); training defaults to non-deterministic.
+        deterministic: keep the order, so a seed repeats the batches exactly (False: parallel stages may reorder
+            batches, and with them which examples an epoch of `steps_per_epoch` batches takes).
         repeat: repeat forever (Keras `fit` with `steps_per_epoch`).
         feature_dtype: cast floating features to this dtype on the host (the compute dtype, e.g. bfloat16).
         prefetch_batches: batches to prefetch (None: AUTOTUNE).

@@ -62,7 +62,7 @@ def records(
     """Serialized records of this pipeline's share of `files`, and the bytes of the files it reads.
 
     Training shards by file when there are enough files, else each file by record (in whatever order the
-    non-deterministic interleave reads it, each pipeline keeps its own records of every file). Evaluation
+    interleave reads it, each pipeline keeps its own records of every file). Evaluation
     reads files in a fixed order and keeps every n-th record, so shard sizes differ by at most one.
     `skip_corrupt` ends a file at its first truncated or damaged record instead of failing.
     """
@@ -98,7 +98,9 @@ def records(
         read,
         cycle_length=max(1, min(cycle_length, len(files))),
         num_parallel_calls=AUTOTUNE,
-        deterministic=not training,
+        # Evaluation always reads in order; training follows the pipeline's tf.data options (data.deterministic).
+        # An explicit False here would override `Options.deterministic = True` and reorder every epoch.
+        deterministic=None if training else True,
     )
     if pipelines > 1 and not training:
         dataset = dataset.shard(pipelines, index)

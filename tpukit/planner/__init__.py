@@ -293,6 +293,28 @@ def eval_steps(examples: int, eval_global_batch_size: int, input_pipelines: int)
     return math.ceil(math.ceil(examples / input_pipelines) / per_pipeline)
 
 
+def check_accumulation(recipe: Recipe, hardware: Hardware) -> None:
+    """`train.gradient_accumulation_steps` on 2+ mirrored replicas is refused: Keras 3.15 chooses between applying
+    and accumulating with `ops.cond` in the replica context (keras/src/optimizers/base_optimizer.py
+    `_backend_apply_gradients`), and both branches synchronize the replicas through `merge_call`, which
+    MirroredStrategy refuses inside control flow ("`merge_call` called while defining a new graph or a
+    tf.function"), in Keras' loop and tpukit's alike. Its accumulators would also add each replica's gradient
+    into that replica's own copy, so a checkpoint taken mid-cycle would not resume exactly."""
+    steps = recipe.train.gradient_accumulation_steps
+    if (
+        steps
+        and steps > 1
+        and hardware.kind in ("mirrored", "multi_worker")
+        and hardware.replicas > 1
+    ):
+        raise RecipeError(
+            f"{recipe.path}: train.gradient_accumulation_steps={steps} does not work on {hardware.replicas} "
+            f"{hardware.kind} replicas (Keras' accumulation synchronizes replicas inside a conditional, which "
+            "tf.distribute refuses). Fix: multiply data.global_batch_size by "
+            f"{steps} instead (the replicas are the accumulation), or train on one device."
+        )
+
+
 def worker_output_dir(worker: str | None, output_dir: str) -> str:
     """Where this task writes: `output_dir`, or `output_dir/workerN` for a non-chief multi-worker task (`worker`,
     `Hardware.worker`)."""
@@ -318,6 +340,7 @@ def decide(
     steps_per_epoch = check_batch_sizes(recipe, hardware.replicas, data.train_examples)
     total_steps = steps_per_epoch * recipe.train.epochs
     _check_steps_per_execution(recipe, hardware, steps_per_epoch)
+    check_accumulation(recipe, hardware)
     jit, precision = _choose_hardware(recipe, hardware)
     resume_step = checkpoints.newest_step if mode != "eval" else 0
     steps_per_execution = recipe.runtime.steps_per_execution

@@ -80,7 +80,9 @@ class DataConfig:
     eval_split: str | None = "test"  # null: no evaluation
     shuffle_buffer: int = 10_000
     cache: bool = True  # in memory, if it fits (else logged and skipped)
-    deterministic: bool = False
+    # true: tf.data keeps its order, so train.seed repeats a run exactly (random augmentation aside: see docs/data.md)
+    # and a resumed run sees an uninterrupted run's batches; false: parallel stages may reorder, for input-bound runs.
+    deterministic: bool = True
     cast_to_compute_dtype: bool = (
         True  # float features -> the policy's compute dtype on the host (bf16 infeed)
     )

@@ -44,6 +44,8 @@ class ModelSpec:
     custom_step: bool = False
     labels_keyed: bool = False  # the labels come as a dict by output name
     outputs_keyed: bool = False  # the model returns a dict
+    # What the model is fed: `tf.TensorSpec`s with an open batch dimension (a subclassed model's serving signature).
+    features: Any = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def several(self) -> bool:
@@ -312,6 +314,7 @@ def fit_to_data(model, recipe: Recipe, labels) -> ModelSpec:
         custom_step=custom,
         labels_keyed=isinstance(labels, Mapping),
         outputs_keyed=keyed,
+        features=fed,
     )
     own_loss = model.compiled and model.loss is not None
     return dataclasses.replace(spec, exact_loss=_exact_loss_weights(spec, recipe, own_loss))

@@ -17,10 +17,7 @@ from __future__ import annotations
 import math
 
 import keras
-import tensorflow as tf
 from keras import ops
-
-from tpukit.recipe import RecipeError
 
 # Variable names (regular expressions, matched with re.search) left out of weight decay and LARS adaptation.
 NO_DECAY_NAMES = ("bias", "gamma", "beta")
@@ -329,7 +326,6 @@ def keras_optimizer_args(train) -> dict:
     args = {}
     steps = getattr(train, "gradient_accumulation_steps", None)
     if steps and steps > 1:
-        _check_accumulation_fits_the_strategy(steps)
         args["gradient_accumulation_steps"] = int(steps)
     momentum = getattr(train, "ema_momentum", None)
     if momentum is not None:
@@ -338,25 +334,6 @@ def keras_optimizer_args(train) -> dict:
     if clipnorm is not None:
         args["global_clipnorm"] = float(clipnorm)
     return args
-
-
-def _check_accumulation_fits_the_strategy(steps: int) -> None:
-    """Keras 3.15's gradient accumulation fails on 2+ MirroredStrategy replicas: `_backend_apply_gradients`
-    (keras/src/optimizers/base_optimizer.py) chooses between "apply" and "accumulate" with `ops.cond` in the replica
-    context, and both branches synchronize replicas (the all-reduce and `distribution.extended.update` through
-    `merge_call`, keras/src/backend/tensorflow/optimizer.py), which MirroredStrategy refuses inside control flow
-    ("`merge_call` called while defining a new graph or a tf.function"), in Keras' loop and in tpukit's alike.
-    Its accumulators also add each replica's own gradient into that replica's copy of a mirrored variable, so a
-    checkpoint (which saves the first copy) taken mid-cycle would not resume exactly. Called in the strategy scope."""
-    strategy = tf.distribute.get_strategy()
-    mirrored = (tf.distribute.MirroredStrategy, tf.distribute.MultiWorkerMirroredStrategy)
-    if isinstance(strategy, mirrored) and strategy.num_replicas_in_sync > 1:
-        raise RecipeError(
-            f"train.gradient_accumulation_steps={steps} does not work on {strategy.num_replicas_in_sync} "
-            f"{type(strategy).__name__} replicas with Keras {keras.__version__} (its accumulation synchronizes "
-            "replicas inside a tf.cond, which MirroredStrategy refuses). Fix: multiply data.global_batch_size by "
-            f"{steps} instead (the replicas are the accumulation), or train on one device."
-        )
 
 
 def build_optimizer(

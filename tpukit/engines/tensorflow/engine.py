@@ -471,9 +471,24 @@ def export(session: Session, outcome) -> dict[str, str]:
         # Every worker takes part (SavedModel saving may read distributed variables collectively, as in TF's
         # multi-worker guide); only the chief keeps the files.
         with tempfile.TemporaryDirectory(prefix="tpukit-export-") as scratch:
-            export_model(session.model, scratch, io_device=session.plan.io_device)
+            export_model(
+                session.model,
+                scratch,
+                io_device=session.plan.io_device,
+                features=_features(session),
+            )
         return {}
-    return export_model(session.model, session.plan.output_dir, io_device=session.plan.io_device)
+    return export_model(
+        session.model,
+        session.plan.output_dir,
+        io_device=session.plan.io_device,
+        features=_features(session),
+    )
+
+
+def _features(session: Session):
+    spec = task.spec_of(session.model)
+    return spec.features if spec is not None else None
 
 
 def report(session: Session, outcome, evaluation: dict, exported: dict) -> dict:

@@ -46,10 +46,13 @@ def io_device_for(strategy, directory: str | None = None) -> str | None:
     return "/job:localhost" if address.startswith("grpc://") else None
 
 
-def _serving_signature(model):
+def _serving_signature(model, features=None):
     import tensorflow as tf
 
     inputs = getattr(model, "inputs", None)
+    if not inputs and features is not None:
+        # A subclassed model declares no inputs: the data's features (batch dimension left open) are what it takes.
+        return [features]
     if not inputs:
         raise ValueError(
             f"export_model: model {getattr(model, 'name', model)!r} has no symbolic inputs, so its serving "
@@ -79,7 +82,9 @@ def _input_name(tensor, index: int) -> str:
     return name.split(":")[0].replace("/", "_")
 
 
-def export_model(model, output_dir: str, *, io_device: str | None = None) -> dict[str, str]:
+def export_model(
+    model, output_dir: str, *, io_device: str | None = None, features=None
+) -> dict[str, str]:
     """Writes `output_dir/model.keras` and the SavedModel `output_dir/saved_model/`; returns their paths.
 
     Args:
@@ -88,6 +93,8 @@ def export_model(model, output_dir: str, *, io_device: str | None = None) -> dic
             from anywhere, and for `model.keras` where TensorFlow's file system can write it.
         io_device: where SavedModel file operations run, e.g. "/job:localhost" on a remote TPU Node to write to
             this machine's disk (`io_device_for(strategy)` picks it). None: the default device.
+        features: `tf.TensorSpec`s (a structure, batch dimension None) of what the model takes: the serving
+            signature of a subclassed model, which declares no inputs (`tpukit.task.spec_of(model).features`).
 
     Returns:
         {"keras": path of model.keras, "saved_model": path of the SavedModel directory}.
@@ -98,7 +105,7 @@ def export_model(model, output_dir: str, *, io_device: str | None = None) -> dic
     import keras
     import tensorflow as tf
 
-    signature = _serving_signature(model)  # fails before anything is written
+    signature = _serving_signature(model, features)  # fails before anything is written
     tf.io.gfile.makedirs(output_dir)  # local paths and gs:// alike
     keras_path = os.path.join(output_dir, KERAS_FILENAME)
     saved_model_path = os.path.join(output_dir, SAVED_MODEL_DIRNAME)

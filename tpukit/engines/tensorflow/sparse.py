@@ -2,11 +2,12 @@
 
 The gradient of an `Embedding` lookup on TensorFlow is a `tf.IndexedSlices` with one slice per occurrence of an
 id in the batch. Keras 3's optimizers compute on it with sparse-aware ops that work slice by slice: Adam's
-`ops.square(gradient)` (keras/src/optimizers/adam.py line 130, `elementwise_unary` in
-keras/src/backend/tensorflow/sparse.py) squares each occurrence before the sum, so the second moment of a row
-looked up twice holds g1^2 + g2^2 instead of (g1 + g2)^2 and the row moves by up to sqrt(2) * lr in the first
-step (tensorflow/tensorflow#28090). LARS' and Lamb's norms and `clipnorm` see the same per-occurrence squares.
-JAX, and TensorFlow with a dense gradient, apply the optimizer to the summed gradient, as its definition says.
+`ops.square(gradient)` (keras/src/optimizers/adam.py line 125; `elementwise_unary`,
+keras/src/backend/tensorflow/sparse.py line 348) squares each occurrence before the sum, so the second moment of
+a row looked up twice holds g1^2 + g2^2 instead of (g1 + g2)^2 and the row moves by up to sqrt(2) * lr in the
+first step (tensorflow/tensorflow#28090). Lamb's second moment (keras/src/optimizers/lamb.py line 112), LARS'
+gradient norm and `clipnorm` see the same per-occurrence squares. JAX, and TensorFlow with a dense gradient,
+apply the optimizer to the summed gradient, as its definition says.
 
 `combine_repeated_ids` sums the slices of each id (as TF1's `_deduplicate_indexed_slices` did: `tf.unique` and
 `tf.math.unsorted_segment_sum`) at both places a sparse gradient reaches the optimizer:
@@ -14,12 +15,13 @@ JAX, and TensorFlow with a dense gradient, apply the optimizer to the summed gra
 * `optimizer.apply` (one replica's gradients, before clipping and the cross-replica all-reduce), and
 * `optimizer.update_step` (one variable's gradient after the all-reduce; an all-reduce of `tf.IndexedSlices`
   concatenates the replicas' slices, `TFOptimizer._backend_update_step` in
-  keras/src/backend/tensorflow/optimizer.py line 115, so an id looked up on two replicas repeats again).
+  keras/src/backend/tensorflow/optimizer.py lines 113-125, so an id looked up on two replicas repeats again).
 
 Every element-wise op Keras keeps sparse maps 0 to 0 (ops that do not are `densifying_unary`), so an optimizer
 fed one slice per id computes what it computes on the dense gradient, while sparse-friendly updates (plain SGD)
 stay scatters. Both are public methods wrapped on the instance (no subclass, so `get_config`, `model.keras` and
-checkpoints are unchanged); `tf.unique` compiles under XLA (a bounded dynamic size).
+checkpoints are unchanged). Keras 3.15.1 line numbers; no private name is touched. `tf.unique` compiles under XLA
+(a bounded dynamic size; measured on CPU, not yet on a TPU).
 """
 
 from __future__ import annotations
