@@ -23,7 +23,7 @@ from tpukit.data import EXAMPLE_COUNTS, SOURCES, run_args
 from tpukit.models import MODELS
 from tpukit.planner import DataFacts, eval_batch_size
 from tpukit.recipe import Recipe, RecipeError
-from tpukit.task import finetune
+from tpukit.task import compiling, finetune
 from tpukit.task.compiling import ModelSpec, compile_model, fit_to_data, label_facts
 from tpukit.task.losses import WeightedLoss
 from tpukit.task.optim import build_optimizer
@@ -263,9 +263,29 @@ def build_model(
         )
     if labels is None:
         labels = label_facts(recipe, evaluating=recipe.data.eval_split is not None)
-    spec = fit_to_data(model, recipe, labels)
-    finetune.prepare(model, recipe.model, resuming, recipe.path)
+    own = compiling.compiled_config(model)
     optimizer = _optimizer(model, recipe, total_steps)
-    compile_model(model, recipe, spec, optimizer, jit_compile, steps_per_execution)
+    model = _plain(model)
+    spec = fit_to_data(model, recipe, labels, own_loss=own.get("loss") is not None)
+    finetune.prepare(model, recipe.model, resuming, recipe.path)
+    compile_model(model, recipe, spec, optimizer, jit_compile, steps_per_execution, own)
     model._tpukit_spec = spec
     return model
+
+
+def _plain(model):
+    """A functional model whose class overrides `fit` or `compile` (a KerasHub task: its `fit` does not take a
+    distributed dataset, its `compile` adds unweighted metrics back) as a plain `keras.Model` over the same layers
+    and weights; any other model as it is."""
+    cls = type(model)
+    overrides = [
+        name for name in ("fit", "compile") if getattr(cls, name) is not getattr(keras.Model, name)
+    ]
+    if not overrides or not getattr(model, "inputs", None):
+        return model
+    logger.info(
+        "tpukit: %s overrides %s: trained as a plain keras.Model over its layers (the same weights)",
+        cls.__name__,
+        " and ".join(overrides),
+    )
+    return keras.Model(model.input, model.output, name=model.name)

@@ -277,7 +277,7 @@ def _custom_step(model) -> bool:
     )
 
 
-def fit_to_data(model, recipe: Recipe, labels) -> ModelSpec:
+def fit_to_data(model, recipe: Recipe, labels, own_loss: bool | None = None) -> ModelSpec:
     """Checks the model against the data (inputs by name and shape, outputs against labels and their range) and
     returns how to feed and compile it. Raises RecipeError with the fix; nothing is written."""
     features_spec = _source_examples(recipe, recipe.data.train_split).element_spec[0]
@@ -295,7 +295,9 @@ def fit_to_data(model, recipe: Recipe, labels) -> ModelSpec:
             f"{str(error).strip().splitlines()[0][:300]} Fix: make the model's inputs take the features."
         ) from None
     custom = _custom_step(model)
-    if custom and recipe.train.task == "auto" and not recipe.train.loss and not model.compiled:
+    if own_loss is None:
+        own_loss = model.compiled and model.loss is not None
+    if custom and recipe.train.task == "auto" and not recipe.train.loss and not own_loss:
         try:
             targets = decide(outputs, labels, "auto", _class_fix(recipe))
         except TargetError:
@@ -316,7 +318,6 @@ def fit_to_data(model, recipe: Recipe, labels) -> ModelSpec:
         outputs_keyed=keyed,
         features=fed,
     )
-    own_loss = model.compiled and model.loss is not None
     return dataclasses.replace(spec, exact_loss=_exact_loss_weights(spec, recipe, own_loss))
 
 
@@ -458,7 +459,7 @@ def task_metrics(target: Target) -> list:
     ]
 
 
-def _compiled_config(model) -> dict:
+def compiled_config(model) -> dict:
     """The loss, loss weights and metrics the builder compiled the model with ({} if it did not compile it)."""
     if not model.compiled:
         return {}
@@ -493,12 +494,19 @@ def _compiled_config(model) -> dict:
 
 
 def compile_model(
-    model, recipe: Recipe, spec: ModelSpec, optimizer, jit_compile: bool, steps_per_execution: int
+    model,
+    recipe: Recipe,
+    spec: ModelSpec,
+    optimizer,
+    jit_compile: bool,
+    steps_per_execution: int,
+    own: dict | None = None,
 ):
     """Compiles `model` for its targets: the task's loss (or `train.loss`, or the one the builder compiled), the
-    exact weighted loss, and the task's metrics (or `train.metrics`, or the builder's), all as weighted metrics."""
+    exact weighted loss, and the task's metrics (or `train.metrics`, or the builder's), all as weighted metrics.
+    `own`: the builder's compile (`compiled_config`), read from the model when not given."""
     train = recipe.train
-    own = _compiled_config(model)
+    own = compiled_config(model) if own is None else own
     targets, several = spec.targets, spec.several
     own_loss = own.get("loss") is not None
     losses, metrics = {}, {}
