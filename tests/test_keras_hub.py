@@ -39,7 +39,9 @@ def tokens(n, seed):
 @pytest.mark.slow  # 13 s; .ci/run installs the hub extra and runs it
 def test_a_keras_hub_classifier_from_a_config_trains_on_two_replicas_with_exact_eval(tmp_path):
     x, y = tokens(256, 0)
-    vx, vy = tokens(101, 1)  # 101 examples: the last eval batch is completed with zero-weight examples
+    vx, vy = tokens(
+        101, 1
+    )  # 101 examples: the last eval batch is completed with zero-weight examples
     metrics = tpukit.fit(
         classifier,
         x,

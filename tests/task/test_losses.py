@@ -1,12 +1,10 @@
 """Sparse categorical cross-entropy with label smoothing equals Keras' one-hot version."""
 
-import types
-
 import keras
 import numpy as np
 import pytest
 
-from tpukit.task.losses import SparseCategoricalCrossentropyWithLabelSmoothing, build_loss
+from tpukit.task.losses import SparseCategoricalCrossentropyWithLabelSmoothing
 
 
 def _data(shape, num_classes, seed=0):
@@ -82,12 +80,17 @@ def test_config_round_trip_and_bad_smoothing():
         SparseCategoricalCrossentropyWithLabelSmoothing(1.0)
 
 
-def test_build_loss_smooths_only_when_asked():
-    plain = build_loss(types.SimpleNamespace())
-    smoothed = build_loss(types.SimpleNamespace(label_smoothing=0.1))
+def test_the_task_loss_smooths_only_when_asked():
+    from tpukit.task.compiling import task_loss
+    from tpukit.task.targets import Target
+
+    ids = Target("output", "classification", True, True, 10, 0)
+    plain, smoothed = task_loss(ids, 0.0), task_loss(ids, 0.1)
     assert type(plain) is keras.losses.SparseCategoricalCrossentropy
     assert type(smoothed) is SparseCategoricalCrossentropyWithLabelSmoothing
     assert (smoothed.label_smoothing, smoothed.reduction) == (0.1, "mean_with_sample_weight")
+    one_hot = task_loss(Target("output", "classification", False, False, 10, 0), 0.1)
+    assert type(one_hot) is keras.losses.CategoricalCrossentropy and one_hot.label_smoothing == 0.1
 
 
 def test_trains_a_causal_lm_step_under_xla():

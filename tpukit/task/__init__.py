@@ -25,7 +25,6 @@ from tpukit.planner import DataFacts, eval_batch_size
 from tpukit.recipe import Recipe, RecipeError
 from tpukit.task import compiling, finetune
 from tpukit.task.compiling import ModelSpec, compile_model, fit_to_data, label_facts
-from tpukit.task.losses import WeightedLoss
 from tpukit.task.optim import build_optimizer
 
 logger = logging.getLogger("tpukit")
@@ -184,18 +183,6 @@ def input_fns(
         )
 
     return train_fn, eval_fn
-
-
-def exact_metrics(label_smoothing: float) -> list:
-    """Accuracy, cross-entropy and, with label smoothing, the smoothed training loss (`WeightedLoss`), all weighted
-    by the sample weights: the metrics of integer class labels against logits (`compiling.task_metrics` has the
-    others). Without smoothing the cross-entropy is the loss: a second metric would compute the softmax over the
-    logits once more every step (6% of a 32k-vocabulary transformer step here)."""
-    metrics = [
-        keras.metrics.SparseCategoricalAccuracy(name="accuracy"),
-        keras.metrics.SparseCategoricalCrossentropy(from_logits=True, name="cross_entropy"),
-    ]
-    return metrics + ([WeightedLoss(label_smoothing=label_smoothing)] if label_smoothing else [])
 
 
 def spec_of(model) -> ModelSpec | None:

@@ -66,19 +66,6 @@ class SparseCategoricalCrossentropyWithLabelSmoothing(keras.losses.Loss):
         return config
 
 
-def build_loss(train, reduction="mean_with_sample_weight") -> keras.losses.Loss:
-    """The training loss for integer labels: smoothed when `train.label_smoothing` (read with getattr) is > 0.
-
-    The default reduction averages over the real examples only: eval batches carry zero-weight padding.
-    """
-    smoothing = getattr(train, "label_smoothing", 0.0)
-    if smoothing:
-        return SparseCategoricalCrossentropyWithLabelSmoothing(
-            smoothing, from_logits=True, reduction=reduction
-        )
-    return keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=reduction)
-
-
 @keras.saving.register_keras_serializable(package="tpukit")
 class WeightedLoss(keras.metrics.Mean):
     """A training loss averaged over examples by their sample weights: exact where Keras' own is not.
