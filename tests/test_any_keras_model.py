@@ -429,3 +429,33 @@ def test_a_seed_makes_fit_repeat_on_several_replicas(tmp_path):
         for i in range(2)
     ]
     assert runs[0] == runs[1]
+
+
+def test_one_output_keyed_by_name_reports_the_exact_loss(tmp_path):
+    x, y = _binary_arrays(203)  # the last eval batch is completed with zero-weight examples
+
+    def build():
+        features = keras.Input((4,), name="features")
+        return keras.Model(features, {"label": keras.layers.Dense(2, name="label")(features)})
+
+    metrics = tpukit.fit(
+        build,
+        {"features": x},
+        {"label": y},
+        validation_data=({"features": x}, {"label": y}),
+        epochs=1,
+        batch_size=32,
+        output_dir=str(tmp_path / "k"),
+        label_smoothing=0.1,
+        verbose=0,
+    )
+    # One output: Keras keeps plain metric names; the reported loss is the exact weighted one, not Keras' own.
+    assert metrics["eval"]["loss"] == metrics["eval"]["weighted_loss"]
+    model = tpukit.load_model(metrics["exported"]["keras"])
+    smoothed = keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=0.1)
+    expected = float(
+        smoothed(
+            keras.utils.to_categorical(y, 2), model.predict({"features": x}, verbose=0)["label"]
+        )
+    )
+    assert metrics["eval"]["loss"] == pytest.approx(expected, rel=1e-5)

@@ -49,8 +49,9 @@ class ModelSpec:
 
     @property
     def several(self) -> bool:
-        """Keras names each output's metrics `<output>_<metric>` (several outputs, or labels keyed by name)."""
-        return len(self.targets) > 1 or self.labels_keyed or self.outputs_keyed
+        """Several outputs: Keras names each output's metrics `<output>_<metric>` (one output keeps plain names,
+        even keyed by name)."""
+        return len(self.targets) > 1
 
     @property
     def expand_labels(self):
@@ -536,7 +537,7 @@ def compile_model(
         metrics[target.output] = chosen
     if not targets:  # a model with its own train_step and labels tpukit does not read
         compile_args = dict(loss=own.get("loss"), weighted_metrics=own.get("metrics"))
-    elif several:
+    elif several or spec.labels_keyed or spec.outputs_keyed:
         weights = _loss_weights(recipe, targets)
         if recipe.train.loss_weights is None and own.get("loss_weights"):
             weights = own["loss_weights"]
