@@ -334,3 +334,37 @@ def test_weighted_loss_is_still_logged_without_label_smoothing(tmp_path):
         validation["val_weighted_loss"] == validation["val_cross_entropy"] == validation["val_loss"]
     )
     assert evaluation["weighted_loss"] == evaluation["cross_entropy"] == evaluation["loss"]
+
+
+def test_mixed_float16_counts_steps_through_the_loss_scale_optimizer(tmp_path):
+    # The LossScaleOptimizer's own step counter never moves (its wrapped optimizer counts): counting with it, the
+    # trainer re-ran fit forever. An alarm turns such a hang into a failure.
+    import signal
+
+    import keras
+    import numpy as np
+
+    import tpukit
+
+    def hang(signum, frame):
+        raise TimeoutError("the run did not finish: steps are not being counted")
+
+    x = np.random.RandomState(0).randn(64, 4).astype("float32")
+    y = (x.sum(1) > 0).astype("int32")
+    previous = signal.signal(signal.SIGALRM, hang)
+    signal.alarm(120)
+    try:
+        metrics = tpukit.fit(
+            lambda: keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)]),
+            x,
+            y,
+            epochs=2,
+            batch_size=16,
+            output_dir=str(tmp_path / "f16"),
+            precision="mixed_float16",
+            verbose=0,
+        )
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    assert metrics["step"] == 8 and metrics["precision"] == "mixed_float16"

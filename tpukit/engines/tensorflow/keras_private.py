@@ -207,8 +207,12 @@ def batch_step(optimizer) -> int:
     """Batches the optimizer has taken: `optimizer._iterations`, which with `gradient_accumulation_steps=k`
     counts every batch while the public `iterations` counts updates (`_iterations // k`, base_optimizer.py
     `iterations` property). tpukit's steps (checkpoints, epochs, the data position) are batches. No upstream
-    issue. Tested: Keras 3.15.x with TensorFlow 2.19-2.21.
+    issue. A `LossScaleOptimizer` (mixed_float16) counts with the optimizer it wraps (its `iterations` property,
+    loss_scale_optimizer.py line 312; its own `_iterations` never moves), so the innermost optimizer is read.
+    Tested: Keras 3.15.x with TensorFlow 2.19-2.21.
     """
+    while getattr(optimizer, "inner_optimizer", None) is not None:
+        optimizer = optimizer.inner_optimizer
     counter = getattr(optimizer, "_iterations", None)
     return int((optimizer.iterations if counter is None else counter).numpy())
 
