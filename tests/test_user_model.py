@@ -367,3 +367,47 @@ def test_fit_keeps_no_reference_to_your_arrays(tmp_path):
     del x
     gc.collect()
     assert alive() is None
+
+
+def test_a_label_beyond_those_read_before_training_leaves_no_directory_and_the_fix_runs(
+    tmp_path, user_package, monkeypatch
+):
+    from tpukit.task import compiling
+
+    # Only the first 16 labels are read before training: the label 3 at example 100 is met by a training step.
+    monkeypatch.setattr(compiling, "LABEL_SAMPLE", 16)
+    (user_package / "my_pkg" / "late.py").write_text(
+        textwrap.dedent("""
+        import numpy as np
+        import tensorflow as tf
+
+        def source(split="train", input_context=None):
+            x = np.random.RandomState(0).randn(128, 4).astype("float32")
+            y = (x.sum(1) > 0).astype("int32")
+            y[100] = 3
+            return tf.data.Dataset.from_tensor_slices((x, y))
+    """)
+    )
+    raw = {
+        "data": {
+            "source": "my_pkg.late:source",
+            "global_batch_size": 32,
+            "eval_split": None,
+            "shuffle_buffer": 1,
+        },
+        "train": {"epochs": 1, "learning_rate": 0.01},
+        "runtime": {"verbose": 0},
+    }
+    with pytest.raises(
+        RecipeError,
+        match=r"has label 3 .* outputs 2 classes\. Fix: set model.num_classes to at least 4",
+    ):
+        tpukit.run(
+            from_dict({**raw, "model": {"name": "my_pkg.models:build_model"}}),
+            str(tmp_path / "late"),
+        )
+    assert not (
+        tmp_path / "late"
+    ).exists()  # ckpt-0, logs/ and recipe.yaml of the failed new run are gone
+    fixed = from_dict({**raw, "model": {"name": "my_pkg.models:build_model", "num_classes": 4}})
+    assert tpukit.run(fixed, str(tmp_path / "late"))["step"] == 4

@@ -12,11 +12,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 
 from tpukit import engines, planner, task
 from tpukit.engines import OutputDirError
 from tpukit.planner import MODES, Plan
-from tpukit.recipe import Recipe, save_recipe
+from tpukit.recipe import Recipe, RecipeError, save_recipe
 
 logger = logging.getLogger("tpukit")
 
@@ -79,6 +80,28 @@ def run(
     the_plan = make_plan(recipe, strategy, mode, output_dir, checkpoint)
     engine = engines.get(the_plan.engine)
     logger.info("%s", the_plan.describe())
+    new = the_plan.training and not os.path.exists(the_plan.output_dir)
+    try:
+        return _run(the_plan, engine, recipe, callbacks)
+    except RecipeError:
+        if new:
+            _remove_untrained(the_plan, engine)
+        raise
+
+
+def _remove_untrained(the_plan: Plan, engine) -> None:
+    """A new run that a data or model error stopped before its first trained step (a label beyond those read
+    before training) leaves no directory behind: rerunning with the fix then starts afresh instead of meeting a
+    checkpoint of another model. The directory is removed only if this run created it and trained nothing."""
+    found = engine.checkpoints(the_plan.checkpoint_dir, None)
+    if found.newest_step == 0 and os.path.isdir(the_plan.output_dir):
+        shutil.rmtree(the_plan.output_dir, ignore_errors=True)
+        logger.info(
+            "tpukit: removed %s: the run stopped before its first step", the_plan.output_dir
+        )
+
+
+def _run(the_plan: Plan, engine, recipe: Recipe, callbacks) -> dict:
     with engine.dtype_policy(the_plan.precision), engine.explained(the_plan):
         session = engine.build(the_plan)
         # Validation is over: from here on the output directory is written.
