@@ -344,8 +344,6 @@ def test_mixed_float16_counts_steps_through_the_loss_scale_optimizer(tmp_path):
     import keras
     import numpy as np
 
-    import tpukit
-
     def hang(signum, frame):
         raise TimeoutError("the run did not finish: steps are not being counted")
 
