@@ -459,3 +459,70 @@ def test_one_output_keyed_by_name_reports_the_exact_loss(tmp_path):
         )
     )
     assert metrics["eval"]["loss"] == pytest.approx(expected, rel=1e-5)
+
+
+def _two_heads():
+    features = keras.Input((8,), name="features")
+    hidden = keras.layers.Dense(8, activation="relu")(features)
+    return keras.Model(
+        features, [keras.layers.Dense(1, name="r")(hidden), keras.layers.Dense(3, name="c")(hidden)]
+    )
+
+
+def _two_head_data(n=128):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(n, 8)).astype("float32")
+    return x, (x.sum(-1).astype("float32"), rng.integers(0, 3, n))
+
+
+def test_per_output_losses_and_metrics_as_keras_reads_them_and_the_builders_loss_weights(tmp_path):
+    x, y = _two_head_data()
+
+    def compiled():
+        model = _two_heads()
+        model.compile(
+            optimizer=keras.optimizers.Adam(1e-3),
+            loss=["mse", keras.losses.SparseCategoricalCrossentropy(from_logits=True)],
+            loss_weights=[0.1, 1.0],
+            metrics=["mae", "accuracy"],  # one entry per output
+        )
+        return model
+
+    metrics = tpukit.fit(
+        compiled,
+        x,
+        y,
+        validation_data=(x, y),
+        epochs=1,
+        batch_size=32,
+        output_dir=str(tmp_path / "o"),
+        verbose=0,
+    )
+    evaluation = metrics["eval"]
+    assert {"r_mae", "c_accuracy"} <= set(evaluation)
+    # The reported loss weighs each output by the builder's loss_weights, as Keras trains it.
+    expected = 0.1 * evaluation["r_weighted_loss"] + evaluation["c_weighted_loss"]
+    assert evaluation["loss"] == pytest.approx(expected, rel=1e-6)
+    plain = tpukit.load_model(metrics["exported"]["keras"]).evaluate(
+        x, y, verbose=0, return_dict=True
+    )
+    assert evaluation["loss"] == pytest.approx(plain["loss"], rel=1e-5)
+    for bad, message in (
+        ({"metrics": ["mae"]}, r"train.metrics has 1 entries for the 2 outputs \['r', 'c'\]"),
+        (
+            {"loss": {"q": "mse"}},
+            r"train.loss names output\(s\) \['q'\], but the model's outputs are \['r', 'c'\]",
+        ),
+    ):
+        with pytest.raises(RecipeError, match=message):
+            tpukit.fit(
+                _two_heads,
+                x,
+                y,
+                epochs=1,
+                batch_size=32,
+                output_dir=str(tmp_path / "bad"),
+                verbose=0,
+                **bad,
+            )
+        assert not (tmp_path / "bad").exists()

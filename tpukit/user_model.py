@@ -200,17 +200,24 @@ def fit(
 
 
 def _by_name(name: str, key: str, value) -> tuple[Any, dict]:
-    """`value` as recipe data: names kept, Keras objects and functions registered under generated names."""
-    if key == "loss_weights" or isinstance(value, str):
+    """`value` as recipe data: names kept, Keras objects and functions registered under generated names, inside
+    the same dicts and lists (per output)."""
+    if key == "loss_weights" or value is None or isinstance(value, str):
         return value, {}
+    named: dict = {}
     if isinstance(value, dict):
-        pairs = [_by_name(f"{name}.{output}", key, v) for output, v in value.items()]
-        return dict(zip(value, (p[0] for p in pairs), strict=True)), {
-            k: v for p in pairs for k, v in p[1].items()
-        }
-    if key == "metrics" and isinstance(value, (list, tuple)):
-        pairs = [_by_name(f"{name}[{i}]", "metric", v) for i, v in enumerate(value)]
-        return [p[0] for p in pairs], {k: v for p in pairs for k, v in p[1].items()}
+        result = {}
+        for output, item in value.items():
+            result[output], more = _by_name(f"{name}.{output}", key, item)
+            named.update(more)
+        return result, named
+    if isinstance(value, (list, tuple)):
+        result = []
+        for index, item in enumerate(value):
+            entry, more = _by_name(f"{name}[{index}]", key, item)
+            result.append(entry)
+            named.update(more)
+        return result, named
     registered = f"{name}:{key}"
     return registered, {registered: value}
 

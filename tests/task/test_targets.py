@@ -141,3 +141,23 @@ def test_shapes_that_fit_no_task_are_refused_with_the_width_that_would():
         match=r"shape \[8\] per example but the labels have shape \[10\].*Fix: make the model's output layer 10",
     ):
         decide([out((8,))], floats((10,), rows=True, binary=True))
+
+
+def test_outputs_whose_activation_contradicts_the_task_are_refused():
+    with pytest.raises(
+        TargetError, match=r"softmax over one unit, which is 1.0 whatever the input"
+    ):
+        decide([out((1,), "softmax")], ints(high=1), "binary")
+    with pytest.raises(TargetError, match=r"sigmoid over 3 units but the labels are class ids"):
+        decide([out((3,), "sigmoid")], ints(high=2))
+    # The multi_label fix is offered only where the labels have the output's shape.
+    with pytest.raises(TargetError) as scalar_labels:
+        decide([out((4,))], ints(high=1), "binary")
+    assert "multi_label" not in str(scalar_labels.value)
+
+
+def test_an_unread_activation_is_said_to_be_assumed_logits():
+    (target,) = decide([out((3,), None)], ints(high=2))
+    assert target.from_logits and "assumed" in target.describe()
+    (target,) = decide([out((3,), "linear")], ints(high=2))
+    assert "assumed" not in target.describe()

@@ -137,13 +137,15 @@ class TrainConfig:
     # What each output predicts: auto (inferred from the model's outputs and the labels), classification (integer,
     # one-hot or soft labels), binary, multi_label or regression; a mapping of output name -> task for several.
     task: Task | dict[str, Task] = "auto"
-    # The loss instead of the task's: a Keras loss name ("huber") or "module.path:function"; a mapping per output.
-    loss: str | dict[str, str] | None = None
+    # The loss instead of the task's: a Keras loss name ("huber") or "module.path:function"; per output: a list in
+    # output order or a mapping by output name.
+    loss: str | tuple[str, ...] | dict[str, str] | None = None
     loss_weights: dict[str, float] | tuple[float, ...] | None = (
         None  # several outputs: weight of each loss
     )
-    # Metrics instead of the task's (Keras names or "module.path:function"); a mapping per output name.
-    metrics: tuple[str, ...] | dict[str, tuple[str, ...]] | None = None
+    # Metrics instead of the task's (Keras names or "module.path:function"): the same for every output, or per output
+    # a mapping by output name, or (several outputs) a list with one entry per output, as Keras reads it.
+    metrics: tuple[str | tuple[str, ...], ...] | dict[str, str | tuple[str, ...]] | None = None
     gradient_accumulation_steps: int | None = (
         None  # apply the summed gradients every k steps; null: every step
     )

@@ -253,7 +253,7 @@ def build_model(
     own = compiling.compiled_config(model)
     optimizer = _optimizer(model, recipe, total_steps)
     model = _plain(model)
-    spec = fit_to_data(model, recipe, labels, own_loss=own.get("loss") is not None)
+    spec = fit_to_data(model, recipe, labels, own)
     finetune.prepare(model, recipe.model, resuming, recipe.path)
     compile_model(model, recipe, spec, optimizer, jit_compile, steps_per_execution, own)
     model._tpukit_spec = spec
@@ -268,8 +268,8 @@ def _plain(model):
     overrides = [
         name for name in ("fit", "compile") if getattr(cls, name) is not getattr(keras.Model, name)
     ]
-    if not overrides or not getattr(model, "inputs", None):
-        return model
+    if not overrides or not getattr(model, "inputs", None) or compiling.custom_step(model):
+        return model  # a model with its own train_step/test_step keeps them (and its fit/compile)
     logger.info(
         "tpukit: %s overrides %s: trained as a plain keras.Model over its layers (the same weights)",
         cls.__name__,

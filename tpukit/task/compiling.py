@@ -153,17 +153,23 @@ def label_facts(recipe: Recipe, evaluating: bool):
 
 
 def _activation(layer) -> str | None:
-    if isinstance(layer, keras.layers.Softmax):
-        return "softmax"
+    """ "softmax", "sigmoid", "linear", ... of the layer or operation that made an output; None if unknown."""
+    if layer is None:
+        return None
+    if isinstance(layer, keras.layers.Softmax) or type(layer).__name__ in ("Softmax", "LogSoftmax"):
+        return "softmax" if type(layer).__name__ != "LogSoftmax" else "log_softmax"
+    if type(layer).__name__ == "Sigmoid":  # keras.ops.sigmoid in a functional model
+        return "sigmoid"
     function = getattr(layer, "activation", None)
     return getattr(function, "__name__", None) if function is not None else None
 
 
 def _output_layers(model) -> dict[int, Any]:
-    """Output index -> the layer that produced it (functional and Sequential models; {} for subclassed ones)."""
+    """Output index -> the layer or operation (`keras.ops.softmax` in a functional model) that produced it
+    (functional and Sequential models; {} for subclassed ones)."""
     outputs = getattr(model, "outputs", None) or []
     found = {}
-    for layer in getattr(model, "layers", []):
+    for layer in getattr(model, "operations", None) or getattr(model, "layers", []):
         try:
             produced = layer.output
         except (AttributeError, ValueError):  # a layer used more than once, or never called
@@ -271,14 +277,14 @@ def _class_fix(recipe: Recipe):
     return lambda target, needs: class_count_fix(recipe, target.output, target.classes, needs)
 
 
-def _custom_step(model) -> bool:
+def custom_step(model) -> bool:
     cls = type(model)
     return (
         cls.train_step is not keras.Model.train_step or cls.test_step is not keras.Model.test_step
     )
 
 
-def fit_to_data(model, recipe: Recipe, labels, own_loss: bool | None = None) -> ModelSpec:
+def fit_to_data(model, recipe: Recipe, labels, own: dict | None = None) -> ModelSpec:
     """Checks the model against the data (inputs by name and shape, outputs against labels and their range) and
     returns how to feed and compile it. Raises RecipeError with the fix; nothing is written."""
     features_spec = _source_examples(recipe, recipe.data.train_split).element_spec[0]
@@ -295,9 +301,9 @@ def fit_to_data(model, recipe: Recipe, labels, own_loss: bool | None = None) -> 
             f"features {tf.nest.map_structure(lambda s: list(s.shape[1:]), fed)}: "
             f"{str(error).strip().splitlines()[0][:300]} Fix: make the model's inputs take the features."
         ) from None
-    custom = _custom_step(model)
-    if own_loss is None:
-        own_loss = model.compiled and model.loss is not None
+    custom = custom_step(model)
+    own = compiled_config(model) if own is None else own
+    own_loss = own.get("loss") is not None
     if custom and recipe.train.task == "auto" and not recipe.train.loss and not own_loss:
         try:
             targets = decide(outputs, labels, "auto", _class_fix(recipe))
@@ -309,7 +315,8 @@ def fit_to_data(model, recipe: Recipe, labels, own_loss: bool | None = None) -> 
         except TargetError as error:
             raise RecipeError(f"{recipe.path}: {error}") from None
     for target in targets:
-        logger.info("tpukit: %s", target.describe())
+        unread = target.activation is None and target.task != "regression"
+        (logger.warning if unread else logger.info)("tpukit: %s", target.describe())
     spec = ModelSpec(
         feature_keys=keys,
         targets=tuple(targets),
@@ -319,14 +326,18 @@ def fit_to_data(model, recipe: Recipe, labels, own_loss: bool | None = None) -> 
         outputs_keyed=keyed,
         features=fed,
     )
-    return dataclasses.replace(spec, exact_loss=_exact_loss_weights(spec, recipe, own_loss))
+    weights = _loss_weights(recipe, spec.targets, own.get("loss_weights"))
+    return dataclasses.replace(
+        spec, exact_loss=_exact_loss_weights(spec, recipe, own_loss, weights)
+    )
 
 
 # -- Losses and metrics ---------------------------------------------------------------------------------------------
 
 
-def _loss_weights(recipe: Recipe, targets) -> dict[str, float]:
-    weights = recipe.train.loss_weights
+def _loss_weights(recipe: Recipe, targets, own=None) -> dict[str, float]:
+    """Each output's loss weight: `train.loss_weights`, else those the builder compiled with (`own`), else 1."""
+    weights = recipe.train.loss_weights if recipe.train.loss_weights is not None else own
     if weights is None:
         return {t.output: 1.0 for t in targets}
     if isinstance(weights, Mapping):
@@ -345,9 +356,10 @@ def _loss_weights(recipe: Recipe, targets) -> dict[str, float]:
     return {t.output: float(w) for t, w in zip(targets, weights, strict=True)}
 
 
-def _exact_loss_weights(spec: ModelSpec, recipe: Recipe, own_loss: bool) -> dict[str, float]:
+def _exact_loss_weights(
+    spec: ModelSpec, recipe: Recipe, own_loss: bool, weights: dict[str, float]
+) -> dict[str, float]:
     """The logged metric that is each output's exact loss, and its weight in the total loss."""
-    weights = _loss_weights(recipe, spec.targets)
     result = {}
     for target in spec.targets:
         name = _exact_loss_metric(target, recipe, own_loss)
@@ -389,7 +401,10 @@ def _named(kind: str, name: str, recipe: Recipe):
             raise RecipeError(f"{recipe.path}: {error}") from None
         return found() if isinstance(found, type) else _fresh(found)
     try:
-        return getter(name)
+        found = getter(name)
+        # A metric name stays a name: Keras resolves "accuracy" and "crossentropy" by the labels' and the output's
+        # shapes (sparse, categorical or binary), which `keras.metrics.get` alone cannot.
+        return name if kind == "metric" else found
     except ValueError:
         raise RecipeError(
             f"{recipe.path}: train.{kind} {name!r} is not a Keras {kind} name. Fix: use a Keras name (e.g. "
@@ -398,14 +413,52 @@ def _named(kind: str, name: str, recipe: Recipe):
         ) from None
 
 
-def _per_output(value, index: int, target: Target, several: bool):
-    """An output's entry in a compile argument given per output (a dict by name or a list in order), or the
-    argument itself when it is one for all."""
+def _check_names(recipe: Recipe, key: str, value, targets) -> None:
+    """A per-output mapping or list given for `key` (loss, metrics) names the model's outputs, or has one entry
+    per output."""
+    names = [t.output for t in targets]
+    if isinstance(value, Mapping):
+        unknown = [k for k in value if k not in names]
+        if unknown:
+            raise RecipeError(
+                f"{recipe.path}: train.{key} names output(s) {unknown}, but the model's outputs are {names}. Fix: "
+                f"key train.{key} by output name."
+            )
+    elif (
+        isinstance(value, (list, tuple))
+        and (key == "loss" or len(targets) > 1)
+        and len(value) != len(targets)
+    ):
+        one = "one loss for all" if key == "loss" else "a mapping of output name to its metrics"
+        raise RecipeError(
+            f"{recipe.path}: train.{key} has {len(value)} entries for the {len(targets)} outputs {names}. Fix: give "
+            f"one entry per output, in output order (as Keras reads it), or {one}."
+        )
+
+
+def _loss_for(value, index: int, target: Target):
+    """An output's loss: from a mapping by name, a list in output order, or the one loss given for all."""
     if isinstance(value, Mapping):
         return value.get(target.output)
-    if several and isinstance(value, (list, tuple)):
-        return value[index] if index < len(value) else None
+    if isinstance(value, (list, tuple)):
+        return value[index]
     return value
+
+
+def _metrics_for(value, index: int, target: Target, count: int) -> list | None:
+    """An output's metrics, as Keras reads `metrics`: a mapping by output name, or with several outputs a list of
+    one entry (a metric or a list of them) per output. None: not given."""
+    if value is None:
+        return None
+    if isinstance(value, Mapping):
+        chosen = value.get(target.output)
+    elif count > 1 and isinstance(value, (list, tuple)):
+        chosen = value[index]  # one entry per output (`_check_names` checked the count)
+    else:
+        chosen = value
+    if chosen is None:
+        return []
+    return list(chosen) if isinstance(chosen, (list, tuple)) else [chosen]
 
 
 def task_loss(target: Target, label_smoothing: float, reduction="mean_with_sample_weight"):
@@ -510,21 +563,24 @@ def compile_model(
     own = compiled_config(model) if own is None else own
     targets, several = spec.targets, spec.several
     own_loss = own.get("loss") is not None
+    for key, value in (("loss", train.loss), ("metrics", train.metrics), ("loss", own.get("loss"))):
+        _check_names(recipe, key, value, targets)
     losses, metrics = {}, {}
     for index, target in enumerate(targets):
-        named = _per_output(train.loss, index, target, several) if train.loss else None
+        named = _loss_for(train.loss, index, target) if train.loss else None
         if named:
             loss = _named("loss", named, recipe)
         elif own_loss:
-            loss = _per_output(own["loss"], index, target, several)
+            loss = _loss_for(own["loss"], index, target)
         else:
             loss = task_loss(target, train.label_smoothing)
         losses[target.output] = loss
-        wanted = _per_output(train.metrics, index, target, several) if train.metrics else None
-        if wanted:
+        wanted = _metrics_for(train.metrics, index, target, len(targets))
+        own_metrics = _metrics_for(own.get("metrics"), index, target, len(targets))
+        if wanted is not None:
             chosen = [_named("metric", name, recipe) for name in wanted]
-        elif own.get("metrics") is not None:
-            chosen = list(_per_output(own["metrics"], index, target, several) or [])
+        elif own_metrics is not None:
+            chosen = own_metrics
         else:
             chosen = task_metrics(target)
         if _exact_loss_metric(target, recipe, own_loss) == "weighted_loss":
@@ -538,9 +594,7 @@ def compile_model(
     if not targets:  # a model with its own train_step and labels tpukit does not read
         compile_args = dict(loss=own.get("loss"), weighted_metrics=own.get("metrics"))
     elif several or spec.labels_keyed or spec.outputs_keyed:
-        weights = _loss_weights(recipe, targets)
-        if recipe.train.loss_weights is None and own.get("loss_weights"):
-            weights = own["loss_weights"]
+        weights = _loss_weights(recipe, targets, own.get("loss_weights"))
         compile_args = dict(loss=losses, loss_weights=weights, weighted_metrics=metrics)
         if not (spec.labels_keyed or spec.outputs_keyed):
             order = [t.output for t in targets]

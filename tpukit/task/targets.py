@@ -77,9 +77,9 @@ class Target:
     weight_rank: int
     inferred: bool = True
     label: LabelFacts | None = None
-    expand_label: bool = (
-        False  # labels one axis short of the output's trailing 1 (shape [] for Dense(1)) get it
-    )
+    # Labels one axis short of the output's trailing 1 (shape [] for Dense(1)) get it.
+    expand_label: bool = False
+    activation: str | None = "linear"  # the output's last activation as read (None: unknown)
 
     def describe(self) -> str:
         kind = {
@@ -92,6 +92,11 @@ class Target:
         given = "from logits" if self.from_logits else "from probabilities"
         if self.task == "regression":
             given = ""
+        elif self.activation is None:
+            given = (
+                "from logits, assumed: its last activation could not be read (a subclassed model or an op); if "
+                "it outputs probabilities, set train.loss"
+            )
         how = "inferred from the model and the labels" if self.inferred else "train.task"
         return f"output {self.output!r}: {kind}{' ' + given if given else ''} ({how})"
 
@@ -188,7 +193,9 @@ def _mismatch(output: OutputFacts, label: LabelFacts, task: str | None) -> Targe
         "the labels"
     )
     if task == "binary" and classes and classes > 1:
-        fix = "end the model with Dense(1) (a logit, or sigmoid), or set train.task: multi_label"
+        fix = "end the model with Dense(1) (a logit, or sigmoid)" + (
+            ", or set train.task: multi_label" if _fits(label.shape, shape) else ""
+        )
     return TargetError(
         f"model output {output.name!r} has shape {_shape(shape)} per example but the labels have shape "
         f"{_shape(label.shape)} ({label.dtype}); {what}. Fix: {fix}."
@@ -269,6 +276,18 @@ def decide(
             fits = False
         if not fits:
             raise _mismatch(output, label, task)
+        if output.activation == "softmax" and classes == 1:
+            raise TargetError(
+                f"output {output.name!r} is a softmax over one unit, which is 1.0 whatever the input. Fix: end the "
+                "model with Dense(1, activation='sigmoid') or Dense(1) (a logit) for a binary task, or one unit per "
+                "class with softmax."
+            )
+        if output.activation == "sigmoid" and sparse:
+            raise TargetError(
+                f"output {output.name!r} has a sigmoid over {classes} units but the labels are class ids. Fix: use "
+                "softmax or no activation (logits) for one class per example, or give 0/1 labels per class "
+                "(multi_label)."
+            )
         if task == "regression":
             from_logits = False
         elif task == "classification":
@@ -285,6 +304,7 @@ def decide(
             inferred=inferred,
             label=label,
             expand_label=not sparse and label.shape + (1,) == output.shape,
+            activation=output.activation,
         )
         _check_values(target, label, fix_classes)
         targets.append(target)
