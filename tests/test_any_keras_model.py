@@ -399,36 +399,46 @@ def test_a_bad_model_and_data_pair_exits_2_with_a_fix_and_writes_nothing(tmp_pat
     assert train_in_process(str(path), f"--output_dir={tmp_path / 'run'}").returncode == 0
 
 
-@pytest.mark.slow  # 8 replicas on 2 cores; the default tier's twin: tests/data/test_data_pipeline.py (ordered options)
+SEEDED_RUN = """
+import sys
+import keras, numpy as np, tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 8)
+import tpukit
+rng = np.random.default_rng(3)
+x = rng.normal(size=(512, 4)).astype("float32")
+y = (x.sum(1) > 0).astype("int32")
+build = lambda: keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(2)])
+strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(8)])
+metrics = tpukit.fit(build, x, y, validation_data=(x, y), epochs=2, batch_size=64, output_dir=sys.argv[1],
+                     learning_rate=0.01, seed=3, strategy=strategy, verbose=0)
+print("EVAL_LOSS", repr(metrics["eval"]["loss"]))
+"""
+
+
+@pytest.mark.slow  # two processes with 8 replicas on 2 cores; the default tier's twin: tests/data/test_data_pipeline.py
 def test_a_seed_makes_fit_repeat_on_several_replicas(tmp_path):
     # Without ordered data (data.deterministic, now the default) parallel batching handed out batches in the order
-    # they finished: 4 of 4 such runs on 8 replicas ended with different weights (issue 18).
-    from conftest import mirrored
+    # they finished: 4 of 4 such runs on 8 replicas ended with different weights (issue 18). Each run is its own
+    # process (8 replicas here and 2 elsewhere cannot share one process's collectives).
+    import subprocess
+    import sys
 
-    x, y = _binary_arrays(512)
-
-    def build():
-        return keras.Sequential(
-            [keras.Input((4,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(2)]
+    script = tmp_path / "seeded.py"
+    script.write_text(SEEDED_RUN)
+    losses = []
+    for i in range(2):
+        done = subprocess.run(
+            [sys.executable, str(script), str(tmp_path / f"r{i}")],
+            capture_output=True,
+            text=True,
+            timeout=600,
         )
-
-    runs = [
-        tpukit.fit(
-            build,
-            x,
-            y,
-            validation_data=(x, y),
-            epochs=2,
-            batch_size=64,
-            output_dir=str(tmp_path / f"r{i}"),
-            learning_rate=0.01,
-            seed=3,
-            strategy=mirrored(8),
-            verbose=0,
-        )["eval"]["loss"]
-        for i in range(2)
-    ]
-    assert runs[0] == runs[1]
+        assert done.returncode == 0, done.stderr[-2000:]
+        losses.append(
+            next(line for line in done.stdout.splitlines() if line.startswith("EVAL_LOSS"))
+        )
+    assert losses[0] == losses[1]
 
 
 def test_one_output_keyed_by_name_reports_the_exact_loss(tmp_path):

@@ -105,7 +105,9 @@ def schema_keys(section: str, raw: dict) -> set[str]:
     from tpukit.models import MODELS
 
     if section == "model":
-        return {"name"} | set(inspect.signature(MODELS[raw["model"]["name"]]).parameters)
+        return set(recipe_lib.MODEL_FIELDS) | set(
+            inspect.signature(MODELS[raw["model"]["name"]]).parameters
+        )
     cls = {
         "data": recipe_lib.DataConfig,
         "train": recipe_lib.TrainConfig,
@@ -157,6 +159,8 @@ def surely_invalid(dotted: str, value) -> bool:
             and not isinstance(value, bool)
             and INT_KEYS[dotted] <= value <= high
         )
+    if dotted == "train.learning_rate" and value is None:
+        return False  # null: the model's own optimizer (refused where optimizer settings are set)
     if dotted in NON_NEGATIVE_NUMBERS:
         return not (isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0)
     if dotted in BOOL_KEYS:

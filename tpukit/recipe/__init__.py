@@ -16,7 +16,9 @@ from tpukit.recipe.loading import (
     save_recipe,
 )
 from tpukit.recipe.schema import (
+    MODEL_FIELDS,
     SECTIONS,
+    TASKS,
     DataConfig,
     ModelConfig,
     Recipe,
@@ -27,7 +29,9 @@ from tpukit.recipe.schema import (
 )
 
 __all__ = [
+    "MODEL_FIELDS",
     "SECTIONS",
+    "TASKS",
     "DataConfig",
     "ModelConfig",
     "Recipe",

@@ -692,11 +692,38 @@ def _validate_train(config: TrainConfig) -> None:
                 f"'module.path:function'; received {_show(value)}. Fix: e.g. {key}: "
                 f"{'[mae]' if key == 'metrics' else 'huber'}, or null for the task's own."
             )
+    if config.learning_rate is None:
+        _check_own_optimizer(config)
     if config.optimizer == "adam" and config.weight_decay > 0:
         raise RecipeError(
             f"train.weight_decay={config.weight_decay} has no effect with train.optimizer: adam. "
             "Fix: use optimizer: adamw (decoupled weight decay), or set weight_decay: 0."
         )
+
+
+# With train.learning_rate null tpukit builds no optimizer, so these settings of its optimizer would be ignored.
+_OPTIMIZER_SETTINGS = (
+    ("optimizer", "adam"),
+    ("weight_decay", 0.0),
+    ("schedule", "constant"),
+    ("warmup_steps", 0),
+    ("reference_batch_size", None),
+    ("gradient_accumulation_steps", None),
+    ("ema_momentum", None),
+    ("global_clipnorm", None),
+)
+
+
+def _check_own_optimizer(config: TrainConfig) -> None:
+    for key, default in _OPTIMIZER_SETTINGS:
+        value = getattr(config, key)
+        if value != default:
+            raise RecipeError(
+                f"train.{key}={_show(value)} is set but train.learning_rate is null, which trains with the optimizer "
+                "the model was compiled with (tpukit builds none, so its settings would be ignored). Fix: set "
+                "train.learning_rate (e.g. learning_rate: 0.001) to train with tpukit's optimizer and its settings, "
+                f"or remove train.{key}."
+            )
 
 
 def _validate_runtime(config: RuntimeConfig) -> None:

@@ -190,34 +190,15 @@ def spec_of(model) -> ModelSpec | None:
     return getattr(model, "_tpukit_spec", None)
 
 
-_OPTIMIZER_KEYS = (
-    "reference_batch_size",
-    "gradient_accumulation_steps",
-    "ema_momentum",
-    "global_clipnorm",
-    "weight_decay",
-)
-
-
 def _optimizer(model, recipe: Recipe, total_steps: int):
     """tpukit's optimizer from `train`, or the one the builder compiled the model with (`train.learning_rate:
     null`), or Adam at Keras' default rate for an uncompiled model with no learning rate."""
     train = recipe.train
     if train.learning_rate is not None:
         return build_optimizer(train, total_steps, global_batch_size=recipe.data.global_batch_size)
-    own = model.optimizer if model.compiled else None
-    set_keys = [k for k in _OPTIMIZER_KEYS if getattr(train, k)]
-    set_keys += [
-        k for k in ("schedule", "optimizer") if getattr(train, k) not in ("constant", "adam")
-    ]
-    set_keys += ["warmup_steps"] if train.warmup_steps else []
-    if set_keys:
-        raise RecipeError(
-            f"{recipe.path}: train.{set_keys[0]} is set but train.learning_rate is null, so tpukit builds no "
-            f"optimizer ({'the model brought its own' if own else 'and the model brought none'}). Fix: set "
-            "train.learning_rate (e.g. learning_rate: 0.001) to train with tpukit's optimizer and its settings"
-            + (", or give your optimizer those settings." if own else ".")
-        )
+    own = (
+        model.optimizer if model.compiled else None
+    )  # the schema refused optimizer settings with null
     if own is not None:
         logger.info("tpukit: training with the model's own optimizer (%s)", type(own).__name__)
         return own
