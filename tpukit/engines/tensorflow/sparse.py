@@ -51,30 +51,18 @@ def _optimizers(optimizer):
         optimizer = getattr(optimizer, "inner_optimizer", None)
 
 
-def _wrap_apply(optimizer) -> None:
-    apply = optimizer.apply
-    if getattr(apply, _COMBINED, False):
+def _wrap(optimizer, method: str, combine) -> None:
+    """Wraps `optimizer.<method>` on the instance so that its first argument goes through `combine` first."""
+    original = getattr(optimizer, method)
+    if getattr(original, _COMBINED, False):
         return
 
-    @functools.wraps(apply)
-    def apply_combined(grads, *args, **kwargs):
-        return apply([combined_slices(g) for g in grads], *args, **kwargs)
+    @functools.wraps(original)
+    def combined(first, *args, **kwargs):
+        return original(combine(first), *args, **kwargs)
 
-    setattr(apply_combined, _COMBINED, True)
-    optimizer.apply = apply_combined
-
-
-def _wrap_update_step(optimizer) -> None:
-    update_step = optimizer.update_step
-    if getattr(update_step, _COMBINED, False):
-        return
-
-    @functools.wraps(update_step)
-    def update_step_combined(gradient, *args, **kwargs):
-        return update_step(combined_slices(gradient), *args, **kwargs)
-
-    setattr(update_step_combined, _COMBINED, True)
-    optimizer.update_step = update_step_combined
+    setattr(combined, _COMBINED, True)
+    setattr(optimizer, method, combined)
 
 
 def combine_repeated_ids(optimizer):
@@ -91,6 +79,8 @@ def combine_repeated_ids(optimizer):
         `optimizer` itself.
     """
     for each in _optimizers(optimizer):
-        _wrap_apply(each)
-        _wrap_update_step(each)
+        _wrap(
+            each, "apply", lambda grads: [combined_slices(g) for g in grads]
+        )  # one replica's gradients
+        _wrap(each, "update_step", combined_slices)  # one variable's, after the all-reduce
     return optimizer
