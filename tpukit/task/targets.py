@@ -26,9 +26,6 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-TASKS = ("classification", "binary", "multi_label", "regression")
-
-
 class TargetError(ValueError):
     """The model's outputs and the data's labels do not fit together (the message says how, and the fix)."""
 
