@@ -26,6 +26,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+
 class TargetError(ValueError):
     """The model's outputs and the data's labels do not fit together (the message says how, and the fix)."""
 
