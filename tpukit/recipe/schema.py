@@ -192,6 +192,12 @@ class RuntimeConfig:
     # steps_per_execution > 1, MultiWorkerMirroredStrategy), which get tpukit's Orbit-style loop (tpukit/engines/tensorflow/loop.py);
     # tpukit = tpukit's loop everywhere (the escape hatch when Keras' loop fails on a TPU); keras = Keras' always.
     loop: Literal["auto", "keras", "tpukit"] = "auto"
+    # Bounded waits (each logs what it waits for every 30 s and answers SIGTERM/Ctrl-C): connecting to and
+    # initializing a TPU (a v4/v5 slice takes 1-3 minutes to come up), and, on a TF_CONFIG cluster, waiting for every
+    # worker to start (pod hosts and schedulers can start minutes apart). An address where nothing listens is known
+    # within seconds, not at the timeout.
+    tpu_timeout_seconds: float = 600.0
+    workers_timeout_seconds: float = 1800.0
 
     def __post_init__(self):
         _validate_runtime(self)
@@ -748,6 +754,8 @@ def _validate_runtime(config: RuntimeConfig) -> None:
         low_open=True,
         example="0.02 (or null to save at every epoch end)",
     )
+    for key in ("tpu_timeout_seconds", "workers_timeout_seconds"):
+        _in_range(f"runtime.{key}", getattr(config, key), 1.0, 7 * 86400.0, example=600)
     if config.verbose != "auto":
         _in_range("runtime.verbose", config.verbose, 0, 2, example="auto")
     steps = config.profile_steps
