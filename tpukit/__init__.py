@@ -32,6 +32,8 @@ _LAZY = {
     "fit": ("tpukit.user_model", "fit"),
     "load_model": ("tpukit.task", "load_model"),
     "TPUConnectionError": ("tpukit.engines.tensorflow.strategy", "TPUConnectionError"),
+    "RunLockedError": ("tpukit.rundir", "RunLockedError"),
+    "TrainingInterrupted": ("tpukit.runner", "TrainingInterrupted"),
     "connect": ("tpukit.engines.tensorflow.strategy", "connect"),
     "cpu_mirrored_strategy": ("tpukit.engines.tensorflow.strategy", "cpu_mirrored_strategy"),
     "describe": ("tpukit.engines.tensorflow.strategy", "describe"),

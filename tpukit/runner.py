@@ -4,24 +4,56 @@
     metrics = tpukit.run(recipe, "runs/x")    # build, train, evaluate, export with the plan's engine, then report
 
 Outputs in `output_dir`: `recipe.yaml` (resolved), `checkpoints/`, `logs/` (TensorBoard), `model.keras`,
-`metrics.json`. Re-running with the same output directory resumes from the newest checkpoint.
+`metrics.json`, `runs.jsonl` (one line per run started there) and, while a run trains, `tpukit.lock`. Re-running
+with the same output directory resumes from the newest checkpoint, with the same recipe (`tpukit.planner.changes`);
+one run at a time trains there (`tpukit.rundir`), and every output is written whole (a temporary name, then a
+rename).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
 import shutil
 
-from tpukit import engines, planner, task
+from tpukit import __version__, engines, planner, rundir, task
 from tpukit.engines import OutputDirError
 from tpukit.planner import MODES, Plan
-from tpukit.recipe import Recipe, RecipeError, save_recipe
+from tpukit.planner import changes as changes_lib
+from tpukit.recipe import Recipe, RecipeError, recipe_text
+from tpukit.rundir import RunLockedError
 
 logger = logging.getLogger("tpukit")
 
-__all__ = ["MODES", "OutputDirError", "make_plan", "run"]
+__all__ = [
+    "MODES",
+    "OutputDirError",
+    "RunLockedError",
+    "TrainingInterrupted",
+    "make_plan",
+    "run",
+]
+
+RECIPE_NAME = "recipe.yaml"
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C (SIGINT) stopped training after the step in flight, and a checkpoint was saved: running the same
+    command (or notebook cell) again resumes. A KeyboardInterrupt, so a script or a notebook stops as it does on
+    any Ctrl-C, but shown in one line: IPython prints `_render_traceback_()` instead of a traceback."""
+
+    def __init__(self, metrics: dict, output_dir: str):
+        self.metrics = metrics
+        self.output_dir = output_dir
+        super().__init__(
+            f"tpukit: stopped by Ctrl-C at step {metrics['step']}; the checkpoint is saved in {output_dir}. Run "
+            "the same command (or cell) again to resume."
+        )
+
+    def _render_traceback_(self) -> list[str]:
+        return [str(self)]
 
 
 def make_plan(
@@ -30,6 +62,9 @@ def make_plan(
     mode: str = "train_and_eval",
     output_dir: str = "runs/run",
     checkpoint: str | None = None,
+    *,
+    accept_changes: tuple[str, ...] | list[str] = (),
+    _on_task_dir=None,
 ) -> Plan:
     """Validates `recipe` against the hardware, the data and `output_dir`, and returns every decision of the run.
 
@@ -38,18 +73,56 @@ def make_plan(
     no model; the engine's `build` raises the rest (the model against its data and checkpoint, the cluster's
     agreement) before anything is written. The cheap checks run first, then the engine connects, then the data is
     counted; `tpukit.planner.decide` makes the decisions from what was found.
+
+    A directory that holds a trained run is resumed only with the recipe it was trained with, apart from the keys
+    named in `accept_changes` (and those that change nothing trained: `tpukit.planner.changes.FREE`).
     """
     engine = engines.get("tensorflow")
     recipe.validate()
     evaluating = planner.check_request(recipe, mode, checkpoint)
+    planner.check_output_dir(output_dir, mode)
+    changes_lib.check_accepted_names(accept_changes)
     hardware = engine.hardware(recipe, strategy, output_dir)
     output_dir = planner.worker_output_dir(hardware.worker, output_dir)
+    if _on_task_dir is not None:
+        _on_task_dir(output_dir)  # the runner locks an existing directory before reading its checkpoints
     checkpoint_dir = os.path.join(output_dir, "checkpoints")
     found = engine.checkpoints(checkpoint_dir, checkpoint)
     planner.check_checkpoint(mode, checkpoint, checkpoint_dir, found)  # before counting the data
+    accepted = _recipe_changes(engine, recipe, mode, hardware.worker, output_dir, found, accept_changes)
     planner.check_input_paths(recipe, hardware)
     data = task.count_data(recipe, evaluating)
-    return planner.decide(recipe, hardware, data, found, mode, output_dir, checkpoint)
+    the_plan = planner.decide(recipe, hardware, data, found, mode, output_dir, checkpoint)
+    return dataclasses.replace(the_plan, accepted_changes=accepted) if accepted else the_plan
+
+
+def _recipe_changes(engine, recipe, mode, worker, output_dir, found, accept_changes) -> dict:
+    """The accepted changes since the run's `recipe.yaml` (raises for the others; see `planner.changes`)."""
+    if mode == "eval" or worker or not found.newest_step:
+        # Evaluating reads a checkpoint and trains nothing; a non-chief worker's recipe is the chief's (compared
+        # across the cluster by the engine); a run that trained nothing may start over with another recipe.
+        return {}
+    files = _files(engine, output_dir)
+    path = os.path.join(output_dir, RECIPE_NAME)
+    saved = rundir.read_yaml(files, path)
+    if saved is None:
+        if not files.exists(path):
+            logger.warning(
+                "tpukit: %s has checkpoints (step %d) but no %s, so this recipe cannot be compared with the one "
+                "it was trained with; resuming with this one",
+                output_dir,
+                found.newest_step,
+                RECIPE_NAME,
+            )
+        return {}
+    current = json.loads(json.dumps(recipe.to_dict(), default=str))  # tuples as lists, as YAML reads them back
+    changes = changes_lib.recipe_changes(saved, current)
+    return changes_lib.check_changes(changes, accept_changes, output_dir, found.newest_step)
+
+
+def _files(engine, output_dir: str):
+    """This machine's file systems for a local path; the engine's for gs:// and other `scheme://` paths."""
+    return engine.remote_files() if rundir.is_remote(output_dir) else rundir.LocalFiles()
 
 
 def run(
@@ -59,6 +132,9 @@ def run(
     mode: str = "train_and_eval",
     checkpoint: str | None = None,
     callbacks: list | None = None,
+    *,
+    accept_changes: tuple[str, ...] | list[str] = (),
+    break_lock: bool = False,
 ) -> dict:
     """Trains (resuming if `output_dir` has checkpoints), evaluates and exports; returns the metrics written.
 
@@ -68,25 +144,78 @@ def run(
         strategy: a `tf.distribute.Strategy` to use instead of `tpukit.connect(recipe.runtime.tpu)`.
         mode: "train_and_eval" (validate every `train.eval_every_epochs`, evaluate at the end), "train"
             (no evaluation), or "eval" (evaluate `checkpoint`, default the newest in `output_dir`, and nothing else).
-        checkpoint: for mode "eval" only: a checkpoint path (default: the newest one in `output_dir/checkpoints`).
+        checkpoint: for mode "eval" only: a checkpoint path (default: the newest one in `output_dir`).
         callbacks: extra Keras callbacks for `fit`.
+        accept_changes: recipe keys (`"train.learning_rate"`) whose values may differ from those the run in
+            `output_dir` was trained with; recorded in `output_dir/runs.jsonl`. Others are refused on resume.
+        break_lock: take over a lease-guarded directory (gs://) whose holder is known to be gone
+            (`tpukit.rundir`); local directories need no such thing (a crashed run's lock is released by the OS).
 
     Raises:
-        RecipeError: the recipe does not fit this hardware (batch sizes) or the data; nothing is written then.
+        RecipeError: the recipe does not fit this hardware (batch sizes), the data or the run already in
+            `output_dir`; nothing is written then.
+        RunLockedError: another run is training into `output_dir` (the message names it).
         OutputDirError: the output directory stopped taking writes; earlier checkpoints are kept.
+        TrainingInterrupted: Ctrl-C stopped training after saving a checkpoint (a KeyboardInterrupt; its
+            `metrics` were written). SIGTERM instead returns, with status "preempted".
         tpukit.engines.tensorflow.trainer.TrainingDivergedError: the loss stayed non-finite after
             `train.max_nan_retries` rollbacks.
     """
-    the_plan = make_plan(recipe, strategy, mode, output_dir, checkpoint)
-    engine = engines.get(the_plan.engine)
-    logger.info("%s", the_plan.describe())
-    new = the_plan.training and not os.path.exists(the_plan.output_dir)
+    engine = engines.get("tensorflow")
+    files = _files(engine, output_dir)
+    lock: rundir.RunLock | None = None
+
+    def lock_existing(task_dir: str) -> None:
+        nonlocal lock
+        if mode != "eval" and files.isdir(task_dir):
+            lock = rundir.RunLock(task_dir, files, break_lock=break_lock)
+            lock.acquire()
+
     try:
-        return _run(the_plan, engine, recipe, callbacks)
-    except RecipeError:
-        if new:
-            _remove_untrained(the_plan, engine)
-        raise
+        the_plan = make_plan(
+            recipe,
+            strategy,
+            mode,
+            output_dir,
+            checkpoint,
+            accept_changes=accept_changes,
+            _on_task_dir=lock_existing,
+        )
+        logger.info("%s", the_plan.describe())
+        new = the_plan.training and not files.exists(the_plan.output_dir)
+        if the_plan.training:
+            if lock is None:  # a new directory: created now, with the lock in it
+                lock = rundir.RunLock(the_plan.output_dir, files, break_lock=break_lock)
+                lock.acquire()
+            rundir.clear_temporaries(files, the_plan.output_dir)
+            _record_start(files, the_plan, lock.holder)
+        try:
+            return _run(the_plan, engine, recipe, callbacks, files)
+        except RecipeError:
+            if new:
+                lock.release()
+                _remove_untrained(the_plan, engine)
+            raise
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _record_start(files, the_plan: Plan, holder: rundir.Holder) -> None:
+    rundir.append_history(
+        files,
+        the_plan.output_dir,
+        {
+            "started": holder.started,
+            "host": holder.host,
+            "pid": holder.pid,
+            "command": holder.command,
+            "tpukit": __version__,
+            "mode": the_plan.mode,
+            "resumed_from_step": the_plan.resume_step,
+            "accepted_changes": {k: list(v) for k, v in the_plan.accepted_changes.items()},
+        },
+    )
 
 
 def _remove_untrained(the_plan: Plan, engine) -> None:
@@ -101,46 +230,48 @@ def _remove_untrained(the_plan: Plan, engine) -> None:
         )
 
 
-def _run(the_plan: Plan, engine, recipe: Recipe, callbacks) -> dict:
+def _run(the_plan: Plan, engine, recipe: Recipe, callbacks, files) -> dict:
     with engine.dtype_policy(the_plan.precision), engine.explained(the_plan):
         session = engine.build(the_plan)
         # Validation is over: from here on the output directory is written.
-        os.makedirs(session.plan.output_dir, exist_ok=True)
+        files.makedirs(session.plan.output_dir)
         if session.plan.training and session.plan.chief:
-            save_recipe(recipe, os.path.join(session.plan.output_dir, "recipe.yaml"))
+            rundir.write_text(
+                files, os.path.join(session.plan.output_dir, RECIPE_NAME), recipe_text(recipe)
+            )
         outcome = engine.train(session, callbacks)
         evaluation = engine.evaluate(session, outcome)
         exported = engine.export(session, outcome)
         metrics = engine.report(session, outcome, evaluation, exported)
-        return write_metrics(session.plan, metrics)
+        metrics = write_metrics(session.plan, metrics, files)
+    if metrics["status"] == "interrupted":
+        raise TrainingInterrupted(metrics, session.plan.output_dir)
+    return metrics
 
 
-def write_metrics(the_plan: Plan, metrics: dict) -> dict:
-    """Writes `metrics.json` (`eval_metrics.json` in eval mode; the chief only) and returns what it wrote. A call
-    that trained nothing (the run was complete) keeps what the training run measured."""
+_KEPT_FROM_TRAINING = (
+    "train",
+    "validation",
+    "examples_per_second",
+    "steps_per_second",
+    "time_to_first_step_seconds",
+    "mfu",
+)
+
+
+def write_metrics(the_plan: Plan, metrics: dict, files=None) -> dict:
+    """Writes `metrics.json` (`eval_metrics.json` in eval mode; the chief only), whole, and returns what it wrote.
+    A call that trained nothing (the run was complete) keeps what the training run measured; a damaged file from
+    before is ignored with a warning."""
+    files = files or rundir.LocalFiles()
     path = os.path.join(
         the_plan.output_dir, "eval_metrics.json" if the_plan.mode == "eval" else "metrics.json"
     )
-    if (
-        the_plan.training
-        and metrics["step"] == metrics["resumed_from_step"]
-        and os.path.isfile(path)
-    ):
-        with open(path, encoding="utf-8") as f:
-            previous = json.load(f)
-        for key in (
-            "train",
-            "validation",
-            "examples_per_second",
-            "steps_per_second",
-            "time_to_first_step_seconds",
-            "mfu",
-        ):
+    if the_plan.training and metrics["step"] == metrics["resumed_from_step"]:
+        previous = rundir.read_json(files, path) or {}
+        for key in _KEPT_FROM_TRAINING:
             if not metrics[key] and previous.get(key):
                 metrics[key] = previous[key]
-    if (
-        the_plan.chief
-    ):  # the other workers' metrics are the chief's (one model, one eval over all shards)
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(metrics, f, indent=2)
+    if the_plan.chief:  # the other workers' metrics are the chief's (one model, one eval over all shards)
+        rundir.write_text(files, path, json.dumps(metrics, indent=2))
     return metrics

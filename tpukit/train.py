@@ -3,8 +3,10 @@
 
 RECIPE is a YAML file, or the name of a recipe shipped with tpukit (e.g. `digits_cnn`). Thin by design: it parses
 flags, loads the recipe and calls `tpukit.run`. Exit status: 0 done, 2 bad recipe or flags (one-paragraph message,
-no traceback, nothing written), 1 the TPU could not be reached or training diverged, 143 stopped by SIGTERM after saving a
-checkpoint (run the same command again to resume).
+no traceback, nothing written; also a recipe changed since the run in --output_dir was trained), 1 the TPU or the
+cluster's workers could not be reached, another run holds --output_dir, or training diverged, 130 stopped by Ctrl-C
+(after saving a checkpoint, or at once on a second Ctrl-C), 143 stopped by SIGTERM after saving a checkpoint (run the
+same command again to resume).
 """
 
 from __future__ import annotations
@@ -42,8 +44,21 @@ flags.DEFINE_enum(
     "eval: evaluate a checkpoint (--checkpoint, default the newest in --output_dir).",
 )
 flags.DEFINE_string("checkpoint", None, "For --mode=eval: the checkpoint to evaluate.")
+flags.DEFINE_list(
+    "accept_changes",
+    [],
+    "Recipe keys that may differ from those the run in --output_dir was trained with, e.g. "
+    "--accept_changes=train.learning_rate,train.epochs (recorded in runs.jsonl). Others are refused on resume.",
+)
+flags.DEFINE_bool(
+    "break_lock",
+    False,
+    "Take over a lease-guarded output directory (gs://) whose run is known to be gone. Local directories never "
+    "need it: a stopped run's lock is released by the operating system.",
+)
 
 EXIT_PREEMPTED = 128 + 15  # the shell's code for "terminated by SIGTERM"
+EXIT_INTERRUPTED = 128 + 2  # ... and for "interrupted by SIGINT" (Ctrl-C)
 
 
 def main(argv: list[str]) -> int:
@@ -74,11 +89,34 @@ def main(argv: list[str]) -> int:
         output_dir = FLAGS.output_dir or os.path.join("runs", name)
         from tpukit.engines.tensorflow.strategy import TPUConnectionError
         from tpukit.engines.tensorflow.trainer import TrainingDivergedError
-        from tpukit.runner import run
+        from tpukit.rundir import RunLockedError
+        from tpukit.runner import TrainingInterrupted, run
 
         try:
-            metrics = run(recipe, output_dir, mode=FLAGS.mode, checkpoint=FLAGS.checkpoint)
-        except (TPUConnectionError, TrainingDivergedError, OutputDirError) as error:
+            metrics = run(
+                recipe,
+                output_dir,
+                mode=FLAGS.mode,
+                checkpoint=FLAGS.checkpoint,
+                accept_changes=FLAGS.accept_changes,
+                break_lock=FLAGS.break_lock,
+            )
+        except TrainingInterrupted as stopped:
+            print(f"{stopped}", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        except KeyboardInterrupt:
+            print(
+                "tpukit: stopped at once by Ctrl-C; the checkpoints saved before are kept in "
+                f"{output_dir}. Run the same command again to resume.",
+                file=sys.stderr,
+            )
+            return EXIT_INTERRUPTED
+        except (
+            TPUConnectionError,
+            TrainingDivergedError,
+            OutputDirError,
+            RunLockedError,
+        ) as error:
             print(f"tpukit: error: {error}", file=sys.stderr)
             return 1
         except Exception as error:  # noqa: BLE001 - known environment errors get cause and fix, not a traceback

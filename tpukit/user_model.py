@@ -125,6 +125,8 @@ def fit(
     strategy=None,
     callbacks: list | None = None,
     name: str | None = None,
+    accept_changes: tuple[str, ...] | list[str] = (),
+    break_lock: bool = False,
     **settings: Any,
 ) -> dict:
     """Trains `model_fn()` with tpukit's trainer; returns the metrics written to `output_dir/metrics.json`.
@@ -148,6 +150,13 @@ def fit(
         strategy: a `tf.distribute.Strategy` (default: `tpukit.connect()`).
         callbacks: extra Keras callbacks.
         name: the registered model/source name (default: model_fn's module and name).
+        accept_changes: recipe keys (e.g. `"train.learning_rate"`) whose values may differ from those the run in
+            `output_dir` was trained with (a call with other values is refused, naming them); see `tpukit.run`.
+        break_lock: see `tpukit.run`.
+
+    Raises:
+        tpukit.TrainingInterrupted: Ctrl-C (a notebook's stop button) stopped training after the step in flight
+            and saved a checkpoint; the cell stops with a one-line message, and running it again resumes.
         **settings: any other key of a recipe's `data`, `train` or `runtime` section, e.g. `optimizer="adamw"`,
             `steps_per_execution=8`, `checkpoint_every_steps=100`, `precision="mixed_bfloat16"`, `task="binary"`,
             and the model section's `init_weights`, `freeze`, `lora_rank`.
@@ -196,7 +205,14 @@ def fit(
             objects.update(named)
     with _registered(name, model_fn, source), _objects(objects):
         recipe = from_dict(raw, f"tpukit.fit({name})")
-        return run(recipe, output_dir, strategy=strategy, callbacks=callbacks)
+        return run(
+            recipe,
+            output_dir,
+            strategy=strategy,
+            callbacks=callbacks,
+            accept_changes=accept_changes,
+            break_lock=break_lock,
+        )
 
 
 def _by_name(name: str, key: str, value) -> tuple[Any, dict]:

@@ -12,6 +12,7 @@ from tpukit.recipe.loading import (
     apply_override,
     load_recipe,
     packaged_recipes,
+    recipe_text,
     resolve_path,
     save_recipe,
 )
@@ -42,6 +43,7 @@ __all__ = [
     "from_dict",
     "load_recipe",
     "packaged_recipes",
+    "recipe_text",
     "resolve_path",
     "save_recipe",
 ]

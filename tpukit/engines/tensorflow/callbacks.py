@@ -9,7 +9,9 @@ import os
 import time
 
 import keras
+import tensorflow as tf
 
+from tpukit import rundir
 from tpukit.engines.tensorflow import keras_private
 
 
@@ -160,6 +162,7 @@ class ResumableModelCheckpoint(keras.callbacks.ModelCheckpoint):
     def __init__(self, state, filepath, **kwargs):
         super().__init__(filepath, save_best_only=True, **kwargs)
         self.state = state
+        self.final_path = filepath
 
     def on_train_begin(self, logs=None):
         super().on_train_begin(logs)
@@ -168,7 +171,16 @@ class ResumableModelCheckpoint(keras.callbacks.ModelCheckpoint):
             self.best = best
 
     def on_epoch_end(self, epoch, logs=None):
-        super().on_epoch_end(epoch, logs)
+        # Written whole: Keras saves to a temporary name (still ending in .keras), renamed over best.keras after,
+        # so a SIGKILL or a full disk mid-save leaves the previous best.keras intact.
+        temporary = rundir.temporary_name(self.final_path)
+        self.filepath = temporary
+        try:
+            super().on_epoch_end(epoch, logs)
+        finally:
+            self.filepath = self.final_path
+        if tf.io.gfile.exists(temporary):
+            tf.io.gfile.rename(temporary, self.final_path, overwrite=True)
         if self.best is not None and math.isfinite(self.best):
             self.state.export_best.assign(self.best)
 

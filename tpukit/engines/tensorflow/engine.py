@@ -85,6 +85,13 @@ def hardware(recipe: Recipe, strategy, output_dir: str) -> Hardware:
     )
 
 
+def remote_files():
+    """`tpukit.rundir`'s file operations for gs:// and other `scheme://` output directories."""
+    from tpukit.engines.tensorflow.files import GFiles
+
+    return GFiles()
+
+
 def checkpoints(checkpoint_dir: str, checkpoint: str | None) -> CheckpointFacts:
     """The newest checkpoint's step in `checkpoint_dir`, and whether `checkpoint` (a path) exists."""
     return CheckpointFacts(
@@ -411,7 +418,7 @@ def train(session: Session, callbacks: list | None = None):
         validation_freq=recipe.train.eval_every_epochs,
         verbose=_verbose(recipe.runtime.verbose),
     )
-    if outcome.status != "preempted":
+    if outcome.status not in trainer.STOPPED.values():
         _use_averages(session.model)
     if session.checkpointer.step > session.start_step:
         logger.info(
@@ -437,7 +444,7 @@ def evaluate(session: Session, outcome) -> dict[str, float]:
     """One exact pass over the eval split (the last batch completed with zero-weight examples); {} without
     evaluation."""
     the_plan = session.plan
-    if not the_plan.evaluating or outcome.status == "preempted":
+    if not the_plan.evaluating or outcome.status in trainer.STOPPED.values():
         return {}
 
     exact_loss = _exact_loss(session.model)
@@ -463,9 +470,10 @@ def _exact_loss(model) -> dict | None:
 
 
 def export(session: Session, outcome) -> dict[str, str]:
-    """`model.keras` and the SavedModel `serve` endpoint (see `tpukit.engines.tensorflow.export`); {} in eval mode or when preempted."""
+    """`model.keras` and the SavedModel `serve` endpoint (see `tpukit.engines.tensorflow.export`); {} in eval mode
+    or when stopped by a signal."""
 
-    if not session.plan.training or outcome.status == "preempted":
+    if not session.plan.training or outcome.status in trainer.STOPPED.values():
         return {}
     if not session.plan.chief:
         # Every worker takes part (SavedModel saving may read distributed variables collectively, as in TF's

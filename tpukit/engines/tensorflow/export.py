@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import os
 
+from tpukit import rundir
+
 KERAS_FILENAME = "model.keras"
 SAVED_MODEL_DIRNAME = "saved_model"
 SERVING_ENDPOINT = (
@@ -109,7 +111,11 @@ def export_model(
     tf.io.gfile.makedirs(output_dir)  # local paths and gs:// alike
     keras_path = os.path.join(output_dir, KERAS_FILENAME)
     saved_model_path = os.path.join(output_dir, SAVED_MODEL_DIRNAME)
-    model.save(keras_path)
+    # Each output is written whole under a temporary name, then renamed into place: a SIGKILL or a full disk during
+    # an export leaves the previous export (or none), never a truncated model.keras or a half-written SavedModel.
+    temporary = rundir.temporary_name(keras_path)
+    model.save(temporary)
+    tf.io.gfile.rename(temporary, keras_path, overwrite=True)
 
     def serve(inputs):
         outputs = model(inputs, training=False)
@@ -125,8 +131,25 @@ def export_model(
     archive.track(model)
     archive.add_endpoint(SERVING_ENDPOINT, serve, input_signature=signature)
     options = tf.saved_model.SaveOptions(experimental_io_device=io_device) if io_device else None
-    archive.write_out(saved_model_path, options=options, verbose=False)
+    temporary = rundir.temporary_name(saved_model_path)
+    archive.write_out(temporary, options=options, verbose=False)
+    _replace_directory(temporary, saved_model_path)
     return {"keras": keras_path, "saved_model": saved_model_path}
+
+
+def _replace_directory(source: str, target: str) -> None:
+    """Puts directory `source` in place of `target`. A directory cannot be renamed over a non-empty one, so the old
+    one is first moved aside (under a temporary name, which the next run in the directory clears if this process is
+    killed between the two renames), then removed once the new one is in place."""
+    import tensorflow as tf
+
+    aside = None
+    if tf.io.gfile.exists(target):
+        aside = rundir.temporary_name(target) + "-old"
+        tf.io.gfile.rename(target, aside)
+    tf.io.gfile.rename(source, target)
+    if aside is not None:
+        tf.io.gfile.rmtree(aside)
 
 
 def load_serving(path: str, *, io_device: str | None = None, endpoint: str = SERVING_ENDPOINT):

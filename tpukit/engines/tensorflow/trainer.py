@@ -8,8 +8,9 @@ every N steps); this module adds the same around an unmodified `model.fit`:
   run interrupted at step k continues at step k, and the dataset skips the k batches already seen;
 * `TrainingGuard` (a callback) saves every `checkpoint_every_steps`, at epoch ends (skipping those where saving
   would take more than `checkpoint_max_overhead` of the time since the last save), at the last step (once `fit`
-  returns, like the other outputs of a finished run), and on SIGTERM (Colab disconnects, preemptible TPU VMs)
-  before stopping cleanly; it stops at the first non-finite loss without saving;
+  returns, like the other outputs of a finished run), and on SIGTERM (Colab disconnects, preemptible TPU VMs) or
+  SIGINT (Ctrl-C; a notebook's stop button) before stopping cleanly: the step in flight finishes, a checkpoint is
+  saved, and a second Ctrl-C stops at once without saving; it stops at the first non-finite loss without saving;
 * a new run saves its initial weights (step 0) before training, so a rollback always has a checkpoint;
 * after a NaN the loop restores the newest checkpoint, skips the batches from that checkpoint to the step that
   diverged (a retry on the same data with the same dropout draws would diverge again), and retries, up to
@@ -38,16 +39,22 @@ from tpukit.engines.tensorflow import cluster, keras_private
 
 logger = logging.getLogger("tpukit")
 
-# For tests: deliver a real SIGTERM to this process once the step counter reaches this value.
+# For tests: deliver a real SIGTERM to this process once the step counter reaches this value; with
+# TPUKIT_TEST_SIGNALS="SIGINT,SIGINT" those signals instead, one after the other (each handled before the next).
 _TEST_SIGTERM_AT_STEP = "TPUKIT_TEST_SIGTERM_AT_STEP"
+_TEST_SIGNALS = "TPUKIT_TEST_SIGNALS"
 
 
 class TrainingDivergedError(RuntimeError):
     """The loss stayed non-finite after every allowed rollback."""
 
 
+# Outcome statuses of a run stopped by a signal after saving: SIGTERM -> "preempted", SIGINT -> "interrupted".
+STOPPED = {"SIGTERM": "preempted", "SIGINT": "interrupted"}
+
+
 class TrainingGuard(keras.callbacks.Callback):
-    """Checkpoint cadence, SIGTERM handling and NaN detection for one `fit` segment."""
+    """Checkpoint cadence, SIGTERM/SIGINT handling and NaN detection for one `fit` segment."""
 
     def __init__(
         self,
@@ -63,25 +70,43 @@ class TrainingGuard(keras.callbacks.Callback):
         self.last_step = last_step
         self.diverged_at: int | None = None
         self.preempted = False
-        self._sigterm = False
-        self._previous_handler = None
+        self.stopped_by: str | None = None  # "SIGTERM" or "SIGINT" once stopped by a signal
+        self._sigterm = False  # a stop signal arrived (either one); named so for the cluster agreement below
+        self._signal: str | None = None
+        self._previous_handlers: dict = {}
         self._sigterm_at = int(os.environ.get(_TEST_SIGTERM_AT_STEP, "0") or 0)
         self._agree = None
 
     # -- signals ---------------------------------------------------------------------------------------------------
-    def _on_sigterm(self, signum, frame):
+    def _on_signal(self, signum, frame):
         # Only set a flag: the step in flight finishes, then on_train_batch_end saves and stops.
+        name = signal.Signals(signum).name
+        if name == "SIGINT" and self._signal == "SIGINT":
+            # The second Ctrl-C: stop at once, as Python does, without saving.
+            self._restore_handlers()
+            raise KeyboardInterrupt
+        if self._signal is None:
+            self._signal = name
         self._sigterm = True
+        if name == "SIGINT":
+            logger.warning(
+                "tpukit: Ctrl-C: finishing the step in flight, then saving a checkpoint and stopping (press Ctrl-C "
+                "again to stop at once, without saving)"
+            )
 
     def on_train_begin(self, logs=None):
         if threading.current_thread() is threading.main_thread():
-            self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+            for number in (signal.SIGTERM, signal.SIGINT):
+                self._previous_handlers[number] = signal.signal(number, self._on_signal)
         self._agree = cluster.any_worker_function(self.model.distribute_strategy)
 
     def on_train_end(self, logs=None):
-        if self._previous_handler is not None:
-            signal.signal(signal.SIGTERM, self._previous_handler)
-            self._previous_handler = None
+        self._restore_handlers()
+
+    def _restore_handlers(self) -> None:
+        for number, handler in self._previous_handlers.items():
+            signal.signal(number, handler)
+        self._previous_handlers = {}
 
     # -- per execution ----------------------------------------------------------------------------------------------
     def _save(self, again: bool = False) -> bool:
@@ -111,30 +136,42 @@ class TrainingGuard(keras.callbacks.Callback):
             return
         if self._sigterm_at and step >= self._sigterm_at:
             self._sigterm_at = 0
-            os.kill(os.getpid(), signal.SIGTERM)
+            for name in os.environ.get(_TEST_SIGNALS, "SIGTERM").split(","):
+                os.kill(os.getpid(), signal.Signals[name.strip()])
+                time.sleep(0.01)  # Python runs the handler at the next instruction, before the next signal
         if self._agree is not None:
             # A preempted host gets SIGTERM alone while the others wait in its collectives: every worker learns of
             # it at the same execution, so all save the same step and stop together.
             self._sigterm = self._agree(self._sigterm)
         if self._sigterm:
-            if not self._save():
-                return
-            self.preempted = True
-            self.model.stop_training = True
-            logger.warning(
-                "tpukit: SIGTERM received: saved step %d and stopped; run the same command to resume",
-                step,
-            )
+            self._stop_for_signal(step)
             return
         # Counted from the last checkpoint written or restored, so a resumed segment keeps the cadence even when the
         # step it resumed at was never saved (its epoch-end save was skipped).
         if self.every and step - self.checkpointer.last_saved_step >= self.every:
             self._save()
 
+    def _stop_for_signal(self, step: int) -> None:
+        if not self._save():
+            return
+        self.preempted = True
+        self.stopped_by = self._signal or "SIGTERM"  # None: another worker of the cluster got it
+        self.model.stop_training = True
+        logger.warning(
+            "tpukit: %s received%s: saved step %d and stopped; run the same command to resume",
+            self.stopped_by,
+            "" if self._signal else " by another worker",
+            step,
+        )
+
     def on_epoch_end(self, epoch, logs=None):
         if self.diverged_at is not None or self.preempted:
             return
         step = self.checkpointer.step
+        if self._sigterm and self._agree is None:
+            # Arrived during the epoch's validation: stop here rather than after the next epoch's first step.
+            self._stop_for_signal(step)
+            return
         if step == self.checkpointer.last_saved_step:
             # A periodic save wrote this step before the epoch-end callbacks (early stopping, best.keras) updated
             # the run state: write it again so the state is in the checkpoint.
@@ -173,7 +210,7 @@ class FreshValidationPass(keras.callbacks.Callback):
 
 @dataclasses.dataclass
 class Outcome:
-    status: str  # "done", "preempted", "early_stopped"
+    status: str  # "done", "preempted" (SIGTERM), "interrupted" (SIGINT), "early_stopped"
     history: dict[str, list[float]]
     nan_rollbacks: int
     skipped_steps: int = (
@@ -250,7 +287,7 @@ def fit_with_recovery(
             _roll_back(checkpointer, guard.diverged_at, rollbacks, max_nan_retries)
             continue
         if guard.preempted:
-            return outcome("preempted")
+            return outcome(STOPPED.get(guard.stopped_by, "preempted"))
         if model.stop_training:  # a callback (early stopping) ended the run
             return outcome("early_stopped")
     return outcome("done")

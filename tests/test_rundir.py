@@ -1,0 +1,177 @@
+"""tpukit.rundir: one run per directory (flock on local disks, a lease elsewhere), outputs written whole, damaged
+outputs read back with a warning, and the run history. No TensorFlow: plain files and real processes."""
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from tpukit import rundir
+from tpukit.rundir import Holder, LocalFiles, RunLock, RunLockedError
+
+HOLD = textwrap.dedent(
+    """
+    import sys, time
+    from tpukit.rundir import RunLock
+    lock = RunLock(sys.argv[1], lease=sys.argv[2] == "lease")
+    lock.acquire()
+    print("held", flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def _holder_process(directory, mode="flock"):
+    process = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(directory), mode], stdout=subprocess.PIPE, text=True
+    )
+    assert process.stdout.readline().strip() == "held"
+    return process
+
+
+def test_a_second_lock_in_the_same_directory_is_refused_naming_the_holder(tmp_path):
+    first = RunLock(str(tmp_path / "run"))
+    first.acquire()
+    assert os.path.isfile(tmp_path / "run" / rundir.LOCK_NAME)
+    with pytest.raises(RunLockedError) as refused:
+        RunLock(str(tmp_path / "run")).acquire()
+    message = str(refused.value)
+    assert f"pid {os.getpid()}" in message and socket.gethostname() in message
+    assert "--output_dir" in message and f"kill {os.getpid()}" in message
+    first.release()
+    assert not os.path.exists(tmp_path / "run" / rundir.LOCK_NAME)  # released: nothing left behind
+    with RunLock(str(tmp_path / "run")):  # and free again
+        pass
+
+
+def test_a_lock_held_by_another_process_is_refused_and_freed_when_it_is_killed(tmp_path):
+    process = _holder_process(tmp_path)
+    try:
+        with pytest.raises(RunLockedError, match=f"pid {process.pid} on host"):
+            RunLock(str(tmp_path)).acquire()
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+    # SIGKILL runs no cleanup and leaves the lock file, but the kernel dropped the flock: no stale lock.
+    assert os.path.exists(tmp_path / rundir.LOCK_NAME)
+    lock = RunLock(str(tmp_path))
+    assert lock.acquire().pid == os.getpid()
+    lock.release()
+
+
+def test_the_lock_file_names_its_holder(tmp_path):
+    with RunLock(str(tmp_path)) as lock:
+        written = Holder.parse((tmp_path / rundir.LOCK_NAME).read_text())
+        assert (written.pid, written.host) == (os.getpid(), socket.gethostname())
+        assert written.started == lock.holder.started
+
+
+def _write_lease(directory, **fields):
+    holder = {**Holder.me().__dict__, **fields}
+    (directory / rundir.LOCK_NAME).write_text(json.dumps(holder))
+
+
+def test_a_fresh_lease_is_refused_with_the_way_past_it(tmp_path):
+    _write_lease(tmp_path, host="another-host", pid=4242, heartbeat=time.time() - 10)
+    with pytest.raises(RunLockedError) as refused:
+        RunLock(str(tmp_path), lease=True).acquire()
+    message = str(refused.value)
+    assert "pid 4242 on host 'another-host'" in message
+    assert "--break_lock" in message and "300 s" in message
+
+
+def test_a_stale_lease_is_taken_over_with_a_warning(tmp_path, caplog):
+    _write_lease(tmp_path, host="another-host", pid=4242, heartbeat=time.time() - 301)
+    with caplog.at_level(logging.WARNING, "tpukit"), RunLock(str(tmp_path), lease=True):
+        assert Holder.parse((tmp_path / rundir.LOCK_NAME).read_text()).pid == os.getpid()
+    assert "last showed signs of life 301 s ago" in caplog.text
+
+
+def test_a_lease_of_a_dead_process_of_this_host_is_taken_over(tmp_path, caplog):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    _write_lease(tmp_path, pid=dead.pid, heartbeat=time.time())
+    with caplog.at_level(logging.WARNING, "tpukit"), RunLock(str(tmp_path), lease=True):
+        pass
+    assert "no longer runs" in caplog.text
+
+
+def test_break_lock_takes_over_a_fresh_lease(tmp_path, caplog):
+    _write_lease(tmp_path, host="another-host", pid=4242, heartbeat=time.time())
+    with caplog.at_level(logging.WARNING, "tpukit"), RunLock(
+        str(tmp_path), lease=True, break_lock=True
+    ):
+        pass
+    assert "--break_lock" in caplog.text
+    assert not os.path.exists(tmp_path / rundir.LOCK_NAME)  # ours, released
+
+
+def test_a_lease_is_refreshed_while_it_is_held(tmp_path):
+    with RunLock(str(tmp_path), lease=True, heartbeat=0.05) as lock:
+        first = Holder.parse((tmp_path / rundir.LOCK_NAME).read_text()).heartbeat
+        time.sleep(0.5)
+        later = Holder.parse((tmp_path / rundir.LOCK_NAME).read_text()).heartbeat
+        assert later > first and lock.held
+
+
+def test_a_lease_held_by_a_live_process_refuses_another(tmp_path):
+    process = _holder_process(tmp_path, "lease")
+    try:
+        with pytest.raises(RunLockedError, match=f"pid {process.pid}"):
+            RunLock(str(tmp_path), lease=True).acquire()
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_write_text_keeps_the_previous_file_when_the_write_fails(tmp_path):
+    path = str(tmp_path / "metrics.json")
+    rundir.write_text(LocalFiles(), path, '{"step": 1}')
+
+    class FullDisk(LocalFiles):
+        def write_text(self, path, text):
+            with open(path, "w") as f:
+                f.write(text[:3])  # part of it reached the disk
+            raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError, match="No space"):
+        rundir.write_text(FullDisk(), path, '{"step": 2}')
+    assert json.loads(open(path).read()) == {"step": 1}
+    assert os.listdir(tmp_path) == ["metrics.json"]  # the partial temporary file is gone
+
+
+def test_temporaries_left_by_a_killed_writer_are_cleared(tmp_path):
+    (tmp_path / f"model{rundir.TEMPORARY_MARK}123-4.keras").write_text("half")
+    (tmp_path / f"saved_model{rundir.TEMPORARY_MARK}123-4").mkdir()
+    (tmp_path / "model.keras").write_text("whole")
+    removed = rundir.clear_temporaries(LocalFiles(), str(tmp_path))
+    assert len(removed) == 2 and os.listdir(tmp_path) == ["model.keras"]
+
+
+@pytest.mark.parametrize("text", ["", '{"step": 4', "\x00\x00", "[1, 2]"])
+def test_a_damaged_json_output_is_read_as_missing_with_a_warning(tmp_path, caplog, text):
+    path = tmp_path / "metrics.json"
+    path.write_text(text)
+    with caplog.at_level(logging.WARNING, "tpukit"):
+        assert rundir.read_json(LocalFiles(), str(path)) is None
+    assert str(path) in caplog.text
+
+
+def test_the_history_gets_one_line_per_run_and_survives_damage(tmp_path, caplog):
+    files = LocalFiles()
+    rundir.append_history(files, str(tmp_path), {"run": 1})
+    rundir.append_history(files, str(tmp_path), {"run": 2})
+    assert rundir.history(files, str(tmp_path)) == [{"run": 1}, {"run": 2}]
+    (tmp_path / rundir.HISTORY_NAME).write_text('{"run": 1}\n{"ru')  # torn by hand
+    with caplog.at_level(logging.WARNING, "tpukit"):
+        rundir.append_history(files, str(tmp_path), {"run": 3})
+    assert rundir.history(files, str(tmp_path)) == [{"run": 3}]
+    assert (tmp_path / (rundir.HISTORY_NAME + ".damaged")).exists()
+    assert "damaged" in caplog.text

@@ -1,0 +1,119 @@
+"""A run resumed with another recipe than the one it was started with: which keys changed, and the refusal.
+
+Resuming continues from the checkpoint's weights and optimizer state with whatever the recipe now says: another
+batch size, learning rate, optimizer or seed would train a hybrid of two runs and report it as one. So the keys
+that decide what is trained must match the run's `recipe.yaml`, unless the change is accepted by name
+(`--accept_changes train.learning_rate`, e.g. to lower the learning rate of a run that plateaued); accepted changes
+are recorded in the run's `runs.jsonl`. Keys that decide only where and how fast the run goes (`FREE`) may change
+freely: moving a run from a GPU to a TPU changes `runtime`, and a resumed run still equals an uninterrupted one. So
+may `train.epochs` under a constant learning rate (training a finished run for more epochs, as Keras'
+`initial_epoch` does).
+
+Pure: the caller reads `recipe.yaml`; this compares plain data.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from tpukit.recipe import SECTIONS, RecipeError
+
+# Keys that do not change the trained weights (the whole `runtime` section, and the data pipeline's speed knobs,
+# evaluation cadence and size, and what is reported).
+FREE_SECTIONS = ("runtime",)
+FREE = frozenset(
+    {
+        "data.eval_global_batch_size",
+        "data.cache",
+        "data.prefetch_batches",
+        "data.private_threadpool_size",
+        "train.eval_every_epochs",
+        "train.max_nan_retries",
+        "train.metrics",
+    }
+)
+_SHOWN = 60  # characters of each value shown in a message
+
+
+def flatten(recipe_dict: dict[str, Any]) -> dict[str, Any]:
+    """`{"train": {"seed": 0}}` -> `{"train.seed": 0}` (one level: builder and source arguments are keys of their
+    sections, as in the file)."""
+    flat = {}
+    for section, values in (recipe_dict or {}).items():
+        if isinstance(values, dict):
+            for key, value in values.items():
+                flat[f"{section}.{key}"] = value
+        else:
+            flat[section] = values
+    return flat
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return a == b or (math.isnan(a) and math.isnan(b))
+    return a == b
+
+
+_ABSENT = "(not set)"
+
+
+def recipe_changes(saved: dict[str, Any], current: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """{key: (old, new)} for every key that decides what is trained and differs between two recipes (as
+    `Recipe.to_dict()` gives them, or as read back from `recipe.yaml`)."""
+    old, new = flatten(saved), flatten(current)
+    # More epochs at a constant learning rate continue the run exactly as a longer run would have gone (the data of
+    # each epoch depends only on the seed and the epoch); a schedule over the whole run would jump instead.
+    constant = old.get("train.schedule") == new.get("train.schedule") == "constant"
+    changes = {}
+    for key in sorted(old.keys() | new.keys()):
+        if key in FREE or key.split(".", 1)[0] in FREE_SECTIONS:
+            continue
+        if key == "train.epochs" and constant:
+            continue
+        before, after = old.get(key, _ABSENT), new.get(key, _ABSENT)
+        if not _same(before, after):
+            changes[key] = (before, after)
+    return changes
+
+
+def _shown(value: Any) -> str:
+    text = value if value is _ABSENT else repr(value)
+    return text if len(text) <= _SHOWN else text[: _SHOWN - 3] + "..."
+
+
+def check_accepted_names(accepted: tuple[str, ...] | list[str]) -> None:
+    """Each accepted change is `section.key` with a real section (a typo would accept nothing)."""
+    for key in accepted:
+        section, _, name = str(key).partition(".")
+        if section not in SECTIONS or not name:
+            raise RecipeError(
+                f"--accept_changes {key!r}: expected section.key with section one of {', '.join(SECTIONS)}. "
+                "Fix: name the changed keys as the refusal lists them, e.g. --accept_changes=train.learning_rate."
+            )
+
+
+def check_changes(
+    changes: dict[str, tuple[Any, Any]], accepted: tuple[str, ...] | list[str], output_dir: str, step: int
+) -> dict[str, tuple[Any, Any]]:
+    """Raises RecipeError for changes not in `accepted` (the keys with old -> new values and the flag that accepts
+    them); returns the accepted ones (to record)."""
+    check_accepted_names(accepted)
+    refused = {key: change for key, change in changes.items() if key not in accepted}
+    if refused:
+        listed = "; ".join(f"{key}: {_shown(a)} -> {_shown(b)}" for key, (a, b) in refused.items())
+        flag = ",".join(refused)
+        raise RecipeError(
+            f"{output_dir} holds a run trained to step {step} with another recipe ({listed}; the run's recipe is "
+            f"{output_dir}/recipe.yaml). Resuming would continue those weights with the new values, a hybrid of the "
+            f"two runs. Fix: pass another --output_dir to start afresh; or, to continue this run with the new values "
+            f"on purpose, add --accept_changes={flag} (tpukit.run/tpukit.fit: accept_changes=[...]); accepted "
+            f"changes are recorded in {output_dir}/runs.jsonl."
+        )
+    return {key: change for key, change in changes.items() if key in accepted}
