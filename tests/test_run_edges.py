@@ -60,7 +60,11 @@ def test_a_damaged_metrics_json_does_not_stop_the_rerun_of_a_finished_run(tmp_pa
     with caplog.at_level(logging.WARNING, "tpukit"):
         again = run(recipe(), str(tmp_path))
     assert again["status"] == "done" and again["step"] == 12
-    assert str(tmp_path / "metrics.json") in caplog.text and "damaged" in caplog.text or "empty" in caplog.text
+    assert (
+        str(tmp_path / "metrics.json") in caplog.text
+        and "damaged" in caplog.text
+        or "empty" in caplog.text
+    )
     assert json.loads((tmp_path / "metrics.json").read_text())["step"] == 12  # whole again
 
 
@@ -82,12 +86,20 @@ def test_a_changed_recipe_is_refused_on_resume_and_accepted_by_name(tmp_path, mo
         run(changed, str(tmp_path))
     message = str(refused.value)
     assert "trained to step 5 with another recipe" in message
-    assert "data.global_batch_size: 32 -> 64" in message and "train.learning_rate: 0.002 -> 0.01" in message
+    assert (
+        "data.global_batch_size: 32 -> 64" in message
+        and "train.learning_rate: 0.002 -> 0.01" in message
+    )
     assert "train.seed: 0 -> 3" in message
     assert "--accept_changes=data.global_batch_size,train.learning_rate,train.seed" in message
-    assert (_checkpoints(tmp_path), (tmp_path / "recipe.yaml").read_text()) == before  # nothing touched
+    assert (
+        _checkpoints(tmp_path),
+        (tmp_path / "recipe.yaml").read_text(),
+    ) == before  # nothing touched
     with pytest.raises(RecipeError, match=r"--accept_changes=train\.seed"):
-        run(changed, str(tmp_path), accept_changes=["train.learning_rate", "data.global_batch_size"])
+        run(
+            changed, str(tmp_path), accept_changes=["train.learning_rate", "data.global_batch_size"]
+        )
 
     accepted = ["train.learning_rate", "data.global_batch_size", "train.seed"]
     metrics = run(changed, str(tmp_path), accept_changes=accepted)
@@ -100,12 +112,16 @@ def test_a_changed_recipe_is_refused_on_resume_and_accepted_by_name(tmp_path, mo
         "train.seed": [0, 3],
     }
     assert "learning_rate: 0.01" in (tmp_path / "recipe.yaml").read_text()
-    run(changed, str(tmp_path))  # the accepted recipe is the run's recipe now: no change left to refuse
+    run(
+        changed, str(tmp_path)
+    )  # the accepted recipe is the run's recipe now: no change left to refuse
 
 
 def test_runtime_changes_resume_without_a_question(tmp_path, monkeypatch):
     _stopped_at(tmp_path, monkeypatch)
-    metrics = run(recipe(**{"runtime.checkpoint_every_steps": 3, "runtime.verbose": 2}), str(tmp_path))
+    metrics = run(
+        recipe(**{"runtime.checkpoint_every_steps": 3, "runtime.verbose": 2}), str(tmp_path)
+    )
     assert metrics["status"] == "done" and metrics["resumed_from_step"] == 5
 
 
@@ -143,16 +159,26 @@ class _CtrlC(keras.callbacks.Callback):
 def test_ctrl_c_finishes_the_step_saves_and_a_rerun_resumes(tmp_path):
     with pytest.raises(TrainingInterrupted) as stopped:
         run(recipe(), str(tmp_path), callbacks=[_CtrlC(at=3)])
-    assert isinstance(stopped.value, KeyboardInterrupt)  # scripts and notebooks stop, as on any Ctrl-C
+    assert isinstance(
+        stopped.value, KeyboardInterrupt
+    )  # scripts and notebooks stop, as on any Ctrl-C
     step = stopped.value.metrics["step"]
     assert step == 4  # the step in flight finished, then it stopped
     assert f"ckpt-{step}.index" in _checkpoints(tmp_path)
     assert json.loads((tmp_path / "metrics.json").read_text())["status"] == "interrupted"
     shown = stopped.value._render_traceback_()  # what IPython prints instead of a traceback
-    assert len(shown) == 1 and f"stopped by Ctrl-C at step {step}" in shown[0] and "again" in shown[0]
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Python's own handler is back
+    assert (
+        len(shown) == 1 and f"stopped by Ctrl-C at step {step}" in shown[0] and "again" in shown[0]
+    )
+    assert (
+        signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    )  # Python's own handler is back
     metrics = run(recipe(), str(tmp_path))
-    assert metrics["status"] == "done" and metrics["resumed_from_step"] == step and metrics["step"] == 12
+    assert (
+        metrics["status"] == "done"
+        and metrics["resumed_from_step"] == step
+        and metrics["step"] == 12
+    )
 
 
 def test_a_second_ctrl_c_stops_at_once_without_saving(tmp_path, monkeypatch):
@@ -168,7 +194,12 @@ def test_a_second_ctrl_c_stops_at_once_without_saving(tmp_path, monkeypatch):
 def test_the_cli_exits_130_on_ctrl_c_with_one_line(tmp_path, monkeypatch):
     monkeypatch.setenv("TPUKIT_TEST_SIGTERM_AT_STEP", "5")
     monkeypatch.setenv("TPUKIT_TEST_SIGNALS", "SIGINT")
-    args = ["digits_cnn", f"--output_dir={tmp_path}", "--set=train.steps_per_epoch=12", "--set=train.epochs=1"]
+    args = [
+        "digits_cnn",
+        f"--output_dir={tmp_path}",
+        "--set=train.steps_per_epoch=12",
+        "--set=train.epochs=1",
+    ]
     result = train_in_process(*args, "--set=runtime.verbose=0")
     assert result.returncode == 130 and "Traceback" not in result.stderr
     assert "tpukit: stopped by Ctrl-C at step 5" in result.stderr

@@ -105,8 +105,9 @@ def test_a_lease_of_a_dead_process_of_this_host_is_taken_over(tmp_path, caplog):
 
 def test_break_lock_takes_over_a_fresh_lease(tmp_path, caplog):
     _write_lease(tmp_path, host="another-host", pid=4242, heartbeat=time.time())
-    with caplog.at_level(logging.WARNING, "tpukit"), RunLock(
-        str(tmp_path), lease=True, break_lock=True
+    with (
+        caplog.at_level(logging.WARNING, "tpukit"),
+        RunLock(str(tmp_path), lease=True, break_lock=True),
     ):
         pass
     assert "--break_lock" in caplog.text

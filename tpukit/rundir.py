@@ -205,7 +205,9 @@ class Holder:
     def parse(cls, text: str) -> Holder | None:
         try:
             values = json.loads(text)
-            return cls(**{f.name: values[f.name] for f in dataclasses.fields(cls) if f.name in values})
+            return cls(
+                **{f.name: values[f.name] for f in dataclasses.fields(cls) if f.name in values}
+            )
         except (ValueError, TypeError, KeyError):
             return None
 
@@ -358,14 +360,22 @@ class RunLock:
     def _beat(self, me: Holder) -> None:
         while not self._stop.wait(self.heartbeat):
             me.heartbeat = time.time()
-            with contextlib.suppress(Exception):  # a missed beat is retried; staleness takes 5 of them
+            with contextlib.suppress(
+                Exception
+            ):  # a missed beat is retried; staleness takes 5 of them
                 write_text(self.files, self.path, json.dumps(dataclasses.asdict(me)))
 
     def _refusal(self, holder: Holder | None, *, lease: bool, age: float = 0.0) -> str:
         who = holder.describe() if holder else "another process (it has not written its name yet)"
         message = f"{self.directory} is in use by another tpukit run: {who}. Two runs in one output directory "
-        message += "would train into the same checkpoints. Fix: wait for that run to finish (or stop it: "
-        message += f"`kill {holder.pid}` on {holder.host!r}), " if holder else "wait for that run to finish, "
+        message += (
+            "would train into the same checkpoints. Fix: wait for that run to finish (or stop it: "
+        )
+        message += (
+            f"`kill {holder.pid}` on {holder.host!r}), "
+            if holder
+            else "wait for that run to finish, "
+        )
         message += "or pass another --output_dir."
         if lease:
             message += (
@@ -391,7 +401,10 @@ class RunLock:
                 current = None
                 with contextlib.suppress(Exception):
                     current = Holder.parse(self.files.read_text(self.path))
-                if current is not None and (current.host, current.pid) == (self.holder.host, self.holder.pid):
+                if current is not None and (current.host, current.pid) == (
+                    self.holder.host,
+                    self.holder.pid,
+                ):
                     self.files.remove(self.path)
         finally:
             self._fd = None
@@ -412,7 +425,10 @@ def append_history(files, directory: str, record: dict) -> None:
         except Exception as error:  # noqa: BLE001 - damaged: keep it aside, start again
             aside = path + ".damaged"
             logger.warning(
-                "tpukit: %s is damaged (%s); kept as %s and started anew", path, type(error).__name__, aside
+                "tpukit: %s is damaged (%s); kept as %s and started anew",
+                path,
+                type(error).__name__,
+                aside,
             )
             with contextlib.suppress(Exception):
                 files.rename(path, aside)

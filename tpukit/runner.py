@@ -12,6 +12,7 @@ rename).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -85,14 +86,19 @@ def make_plan(
     hardware = engine.hardware(recipe, strategy, output_dir)
     output_dir = planner.worker_output_dir(hardware.worker, output_dir)
     if _on_task_dir is not None:
-        _on_task_dir(output_dir)  # the runner locks an existing directory before reading its checkpoints
+        _on_task_dir(
+            output_dir
+        )  # the runner locks an existing directory before reading its checkpoints
     checkpoint_dir = os.path.join(output_dir, "checkpoints")
     found = engine.checkpoints(checkpoint_dir, checkpoint)
     planner.check_checkpoint(mode, checkpoint, checkpoint_dir, found)  # before counting the data
-    accepted = _recipe_changes(engine, recipe, mode, hardware.worker, output_dir, found, accept_changes)
     planner.check_input_paths(recipe, hardware)
     data = task.count_data(recipe, evaluating)
     the_plan = planner.decide(recipe, hardware, data, found, mode, output_dir, checkpoint)
+    # Last: a recipe that is wrong in itself (a batch larger than the data) gets that message, not this one.
+    accepted = _recipe_changes(
+        engine, recipe, mode, hardware.worker, output_dir, found, accept_changes
+    )
     return dataclasses.replace(the_plan, accepted_changes=accepted) if accepted else the_plan
 
 
@@ -115,7 +121,9 @@ def _recipe_changes(engine, recipe, mode, worker, output_dir, found, accept_chan
                 RECIPE_NAME,
             )
         return {}
-    current = json.loads(json.dumps(recipe.to_dict(), default=str))  # tuples as lists, as YAML reads them back
+    current = json.loads(
+        json.dumps(recipe.to_dict(), default=str)
+    )  # tuples as lists, as YAML reads them back
     changes = changes_lib.recipe_changes(saved, current)
     return changes_lib.check_changes(changes, accept_changes, output_dir, found.newest_step)
 
@@ -168,8 +176,7 @@ def run(
     def lock_existing(task_dir: str) -> None:
         nonlocal lock
         if mode != "eval" and files.isdir(task_dir):
-            lock = rundir.RunLock(task_dir, files, break_lock=break_lock)
-            lock.acquire()
+            lock = _locked(engine, files, task_dir, break_lock)
 
     try:
         the_plan = make_plan(
@@ -185,10 +192,10 @@ def run(
         new = the_plan.training and not files.exists(the_plan.output_dir)
         if the_plan.training:
             if lock is None:  # a new directory: created now, with the lock in it
-                lock = rundir.RunLock(the_plan.output_dir, files, break_lock=break_lock)
-                lock.acquire()
-            rundir.clear_temporaries(files, the_plan.output_dir)
-            _record_start(files, the_plan, lock.holder)
+                lock = _locked(engine, files, the_plan.output_dir, break_lock)
+            with _writes_to(engine, the_plan.output_dir):
+                rundir.clear_temporaries(files, the_plan.output_dir)
+                _record_start(files, the_plan, lock.holder)
         try:
             return _run(the_plan, engine, recipe, callbacks, files)
         except RecipeError:
@@ -199,6 +206,29 @@ def run(
     finally:
         if lock is not None:
             lock.release()
+
+
+def _locked(engine, files, directory: str, break_lock: bool) -> rundir.RunLock:
+    lock = rundir.RunLock(directory, files, break_lock=break_lock)
+    with _writes_to(engine, directory):
+        lock.acquire()
+    return lock
+
+
+@contextlib.contextmanager
+def _writes_to(engine, directory: str):
+    """An output directory that takes no writes (read-only, full, no permission) as an OutputDirError naming the
+    checkpoints kept, as the engine reports the same faults met while training."""
+    try:
+        yield
+    except OSError as error:
+        step = engine.checkpoints(os.path.join(directory, "checkpoints"), None).newest_step
+        raise OutputDirError(
+            f"cannot write to {directory}: {error.strerror or error} ({type(error).__name__} on "
+            f"{error.filename or directory}). The checkpoints written before are kept (newest: step {step}). Fix: "
+            "free space or make the directory writable (or pass another --output_dir holding a copy of it), then "
+            "run the same command to resume."
+        ) from None
 
 
 def _record_start(files, the_plan: Plan, holder: rundir.Holder) -> None:
@@ -272,6 +302,8 @@ def write_metrics(the_plan: Plan, metrics: dict, files=None) -> dict:
         for key in _KEPT_FROM_TRAINING:
             if not metrics[key] and previous.get(key):
                 metrics[key] = previous[key]
-    if the_plan.chief:  # the other workers' metrics are the chief's (one model, one eval over all shards)
+    if (
+        the_plan.chief
+    ):  # the other workers' metrics are the chief's (one model, one eval over all shards)
         rundir.write_text(files, path, json.dumps(metrics, indent=2))
     return metrics

@@ -1,6 +1,8 @@
 """tpukit.environment.diagnose: each known environmental error, as TensorFlow/JAX print it (texts copied from the cited public
 reports), maps to its cause and fix; unrelated errors map to nothing. No TPU is involved: these are text matches."""
 
+import resource
+
 import pytest
 
 from tpukit.environment import diagnose, versions
@@ -40,6 +42,43 @@ REPORTED = [
         "hbm. Exceeded hbm capacity by 385.25M.",
         "hbm_out_of_memory",
         ["needs 8.38G of the 8.00G HBM", "global_batch_size", "mixed_bfloat16"],
+    ),
+    (
+        # The TPU runtime's form (an execution, not the compilation): pytorch/xla#1735
+        "RuntimeError: Resource exhausted: From /job:tpu_worker/replica:0/task:0:\nAttempting to reserve 3.95G at "
+        "the bottom of memory. That was not possible. There are 1.92G free, 0B reserved, and 1.92G reservable.",
+        "hbm_out_of_memory",
+        ["high-bandwidth memory (HBM)", "global_batch_size"],
+    ),
+    (
+        # Measured here: `ulimit -v 8000000; python -m tpukit.train digits_cnn --set model.dense_units=200000000`
+        # (TF 2.21, oneDNN's allocator), raised while Keras builds the Dense kernel.
+        "ResourceExhaustedError: {{function_node __wrapped__StatelessRandomUniformV2_device_/job:localhost/replica:0/"
+        "task:0/device:CPU:0}} OOM when allocating tensor with shape[256,200000000] and type float on "
+        "/job:localhost/replica:0/task:0/device:CPU:0 by allocator mklcpu [Op:StatelessRandomUniformV2] name: ",
+        "host_out_of_memory",
+        [
+            "out of host memory",
+            "not an accelerator's",
+            "[256, 200000000] (190.73 GiB)",
+            "global_batch_size",
+        ],
+    ),
+    (
+        "ResourceExhaustedError: OOM when allocating tensor with shape[16,19,19,1024] and type float on "
+        "/job:localhost/replica:0/task:0/device:CPU:0 by allocator cpu",
+        "host_out_of_memory",
+        ["float32 tensor of shape [16, 19, 19, 1024] (22.6 MiB)", "ulimit -v"],
+    ),
+    (
+        "ResourceExhaustedError: OOM when allocating tensor with shape[64,372,32,32] and type float on "
+        "/job:localhost/replica:0/task:0/device:GPU:0 by allocator GPU_0_bfc",
+        "gpu_out_of_memory",
+        [
+            "out of GPU memory",
+            "on GPU 0: a float32 tensor of shape [64, 372, 32, 32] (93.0 MiB)",
+            "nvidia-smi",
+        ],
     ),
     (
         "UserWarning: cloud_tpu_init failed: AttributeError(\"module 'libtpu' has no attribute 'get_library_path'\")"
@@ -109,6 +148,103 @@ def test_exceptions_are_matched_through_their_cause_chain():
 def test_hbm_numbers_are_optional():
     explanation = diagnose.explain("Ran out of memory in memory space hbm.")
     assert "needs" not in explanation and "global_batch_size" in explanation
+
+
+MEMINFO = "MemTotal:       16315612 kB\nMemFree:         1000000 kB\nMemAvailable:    8157806 kB\n"
+CPU_OOM = (
+    "OOM when allocating tensor with shape[256,200000000] and type float on "
+    "/job:localhost/replica:0/task:0/device:CPU:0 by allocator mklcpu"
+)
+
+
+def test_host_memory_reads_meminfo_and_the_address_space_limit():
+    memory = diagnose.host_memory(MEMINFO, 8_000_000 * 1024)
+    assert memory == diagnose.HostMemory(16315612 * 1024, 8157806 * 1024, 8_000_000 * 1024)
+    assert diagnose.host_memory("", None) == diagnose.HostMemory()
+    assert diagnose.host_memory(MEMINFO, resource.RLIM_INFINITY).address_space_limit is None
+    real = (
+        diagnose.host_memory()
+    )  # this machine: Linux has both, and no limit unless the test runs under one
+    assert real.total and real.available and real.total >= real.available
+    assert real.address_space_limit == (
+        None
+        if resource.getrlimit(resource.RLIMIT_AS)[0] == resource.RLIM_INFINITY
+        else resource.getrlimit(resource.RLIMIT_AS)[0]
+    )
+
+
+def test_host_oom_gives_the_tensor_the_machine_and_the_limit(monkeypatch):
+    faked = diagnose.host_memory(MEMINFO, 8_000_000 * 1024)  # 16 GB of RAM, `ulimit -v 8000000`
+    monkeypatch.setattr(diagnose, "host_memory", lambda: faked)
+    explanation = diagnose.explain(CPU_OOM)
+    assert explanation.startswith("Cause: the run ran out of host memory: this machine's RAM")
+    assert (
+        "The allocation refused: a float32 tensor of shape [256, 200000000] (190.73 GiB); this machine's RAM: "
+        "15.56 GiB (7.78 GiB available now); this process's address-space limit (`ulimit -v`): 7.63 GiB"
+    ) in explanation
+    fix = explanation.split(" Fix: ")[1]
+    for words in (
+        "data.global_batch_size",
+        "model smaller",
+        "more memory",
+        "`ulimit -v`",
+        "raise it",
+    ):
+        assert words in fix, (words, fix)
+
+
+def test_host_oom_without_numbers_still_explains(monkeypatch):
+    monkeypatch.setattr(diagnose, "host_memory", lambda: diagnose.HostMemory())
+    for error in (MemoryError(), MemoryError("out of memory")):
+        explanation = diagnose.explain(error)
+        assert (
+            explanation.startswith("Cause: the run ran out of host memory")
+            and " Fix: lower" in explanation
+        )
+        assert "allocation refused" not in explanation and "RAM:" not in explanation
+
+
+def test_numpy_memory_errors_are_host_memory(monkeypatch):
+    monkeypatch.setattr(diagnose, "host_memory", lambda: diagnose.HostMemory(2**34))
+    text = (
+        "_ArrayMemoryError: Unable to allocate 5.00 GiB for an array with shape (256, 5000000) and data type "
+        "float32"
+    )
+    explanation = diagnose.explain(text)
+    assert diagnose.match(text).name == "host_out_of_memory"
+    assert (
+        "a float32 tensor of shape [256, 5000000] (4.77 GiB); this machine's RAM: 16.00 GiB."
+        in explanation
+    )
+
+
+@pytest.mark.parametrize(
+    "text, name",
+    [
+        (CPU_OOM, "host_out_of_memory"),
+        (
+            CPU_OOM.replace(
+                "device:CPU:0 by allocator mklcpu", "device:GPU:1 by allocator GPU_1_bfc"
+            ),
+            "gpu_out_of_memory",
+        ),
+        ("Ran out of memory in memory space hbm. Used 17.2G of 15.48G hbm.", "hbm_out_of_memory"),
+        # A TPU's OOM whose function name mentions the host's CPU device is still the TPU's
+        (
+            "{{function_node __inference_train_function_device_/job:localhost/replica:0/task:0/device:CPU:0}} "
+            "Compilation failure: Ran out of memory in memory space hbm. Used 9G of 8G hbm.",
+            "hbm_out_of_memory",
+        ),
+        # A TPU device's tensor is neither the host's nor a GPU's (no report of this form is cited: unclaimed)
+        (
+            "OOM when allocating tensor with shape[8] and type float on /job:worker/task:0/device:TPU:0",
+            None,
+        ),
+    ],
+)
+def test_each_device_s_out_of_memory_gets_its_own_entry(text, name):
+    found = diagnose.match(text)
+    assert (found.name if found else None) == name
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,13 @@ def _recipe(**overrides):
     raw = {
         "model": {"name": "cnn", "dense_units": 64},
         "data": {"source": "digits", "global_batch_size": 32, "cache": True},
-        "train": {"epochs": 2, "learning_rate": 0.001, "optimizer": "adam", "seed": 0, "schedule": "constant"},
+        "train": {
+            "epochs": 2,
+            "learning_rate": 0.001,
+            "optimizer": "adam",
+            "seed": 0,
+            "schedule": "constant",
+        },
         "runtime": {"verbose": "auto", "steps_per_execution": 1},
     }
     for dotted, value in overrides.items():
@@ -42,7 +48,12 @@ def test_the_keys_that_decide_what_is_trained_are_compared():
 def test_runtime_and_speed_knobs_change_freely():
     assert not changes.recipe_changes(
         _recipe(),
-        _recipe(runtime__verbose=0, runtime__steps_per_execution=8, data__cache=False, runtime__tpu="local"),
+        _recipe(
+            runtime__verbose=0,
+            runtime__steps_per_execution=8,
+            data__cache=False,
+            runtime__tpu="local",
+        ),
     )
 
 
@@ -61,9 +72,15 @@ def test_a_key_present_on_one_side_only_is_a_change():
 
 def test_equal_values_of_other_types_are_not_changes():
     saved = _recipe(train__learning_rate=1, data__global_batch_size=[1, 2])
-    assert not changes.recipe_changes(saved, _recipe(train__learning_rate=1.0, data__global_batch_size=(1, 2)))
-    assert changes.recipe_changes(_recipe(data__cache=1), _recipe(data__cache=True)) == {}  # a FREE key
-    assert changes.recipe_changes(_recipe(train__seed=True), _recipe(train__seed=1)) == {"train.seed": (True, 1)}
+    assert not changes.recipe_changes(
+        saved, _recipe(train__learning_rate=1.0, data__global_batch_size=(1, 2))
+    )
+    assert (
+        changes.recipe_changes(_recipe(data__cache=1), _recipe(data__cache=True)) == {}
+    )  # a FREE key
+    assert changes.recipe_changes(_recipe(train__seed=True), _recipe(train__seed=1)) == {
+        "train.seed": (True, 1)
+    }
 
 
 def test_the_refusal_names_each_change_and_the_flag_that_accepts_them():
@@ -72,7 +89,10 @@ def test_the_refusal_names_each_change_and_the_flag_that_accepts_them():
         changes.check_changes(found, (), "runs/x", 88)
     message = str(refused.value)
     assert "runs/x holds a run trained to step 88" in message
-    assert "train.learning_rate: 0.001 -> 0.01" in message and "data.global_batch_size: 32 -> 64" in message
+    assert (
+        "train.learning_rate: 0.001 -> 0.01" in message
+        and "data.global_batch_size: 32 -> 64" in message
+    )
     assert "--accept_changes=train.learning_rate,data.global_batch_size" in message
     assert "another --output_dir" in message
 

@@ -2,8 +2,8 @@
 
 The failures TPU users report most in the TensorFlow, Keras, JAX and Colab trackers are not bugs in their model
 but in their environment: the wrong TensorFlow build, the wrong way to find the TPU, files the TPU cannot see, a
-program too big for the TPU's memory. Each `KnownError` below matches one of them by the text TensorFlow (or JAX)
-prints, and cites the public threads where it was reported and diagnosed.
+program too big for the TPU's memory (or the GPU's, or the host's RAM). Each `KnownError` below matches one of them
+by the text TensorFlow (or JAX) prints, and cites the public threads where it was reported and diagnosed.
 
     >>> explain(ValueError("Please provide a TPU Name to connect to."))
     'Cause: ... Fix: ...'
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Callable
 
 from tpukit.environment import versions
 
@@ -29,9 +30,14 @@ class KnownError:
     cause: str
     fix: str
     reports: tuple[str, ...]
+    # What the error's own text and this machine tell (sizes, limits), added after the cause; None: nothing
+    numbers: Callable[[str], str | None] | None = None
 
     def explanation(self, text: str) -> str:
-        fix = self.fix
+        cause, fix = self.cause, self.fix
+        numbers = self.numbers(text) if self.numbers else None
+        if numbers:
+            cause = f"{cause} {numbers}"
         if self.name == "hbm_out_of_memory":
             used = re.search(r"Used ([\d.]+\s*[KMGT]?i?B?) of ([\d.]+\s*[KMGT]?i?B?) hbm", text)
             if used:
@@ -39,7 +45,7 @@ class KnownError:
                     f"the program needs {used.group(1)} of the {used.group(2)} HBM per TPU core. "
                     + fix
                 )
-        return f"Cause: {self.cause} Fix: {fix} (Reported in: {', '.join(self.reports)}.)"
+        return f"Cause: {cause} Fix: {fix} (Reported in: {', '.join(self.reports)}.)"
 
 
 def _tpu_install() -> str:
@@ -47,6 +53,117 @@ def _tpu_install() -> str:
     return (
         f"`pip uninstall -y tensorflow` then `{combination.install_command()}` (or "
         '`pip install "tpukit[tpu] @ git+<tpukit repository URL>"`), then restart the runtime'
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class HostMemory:
+    """This machine's memory and this process's address-space limit, in bytes (None: unknown or unlimited)."""
+
+    total: int | None = None  # /proc/meminfo MemTotal
+    available: int | None = None  # /proc/meminfo MemAvailable (when the error is explained)
+    address_space_limit: int | None = None  # RLIMIT_AS (`ulimit -v`), soft limit
+
+
+def host_memory(meminfo: str | None = None, rlimit_as: int | None = -1) -> HostMemory:
+    """Reads /proc/meminfo and `resource.getrlimit(RLIMIT_AS)`; tests pass `meminfo` (its text) and `rlimit_as`
+    (bytes; None or `resource.RLIM_INFINITY`: unlimited) instead."""
+    if meminfo is None:
+        try:
+            with open("/proc/meminfo", encoding="ascii") as f:
+                meminfo = f.read()
+        except OSError:  # not Linux
+            meminfo = ""
+    kib = {
+        key: int(value) * 1024
+        for key, value in re.findall(r"^(MemTotal|MemAvailable):\s+(\d+) kB", meminfo, re.M)
+    }
+    if rlimit_as == -1:
+        try:
+            import resource
+
+            rlimit_as = resource.getrlimit(resource.RLIMIT_AS)[0]
+        except (ImportError, OSError, ValueError):  # no `resource` module (Windows)
+            rlimit_as = None
+    if rlimit_as is not None and rlimit_as < 0:  # resource.RLIM_INFINITY
+        rlimit_as = None
+    return HostMemory(kib.get("MemTotal"), kib.get("MemAvailable"), rlimit_as)
+
+
+# Bytes per element of the dtype names TensorFlow's "OOM when allocating tensor ... and type T" uses (DataTypeString)
+# and NumPy's "data type T".
+_DTYPE_BYTES = {
+    "float": 4, "float32": 4, "double": 8, "float64": 8, "half": 2, "float16": 2, "bfloat16": 2,
+    "int8": 1, "uint8": 1, "bool": 1, "int16": 2, "uint16": 2, "int32": 4, "uint32": 4, "int64": 8, "uint64": 8,
+    "complex64": 8, "complex128": 16, "float8_e4m3fn": 1, "float8_e5m2": 1,
+}  # fmt: skip
+
+_OOM_TENSOR = (
+    r"OOM when allocating tensor with shape\s*\[(?P<shape>[\d, ]*)\] and type (?P<dtype>\w+) on "
+    r"\S*device:{device}:(?P<index>\d+)"
+)
+_HOST_OOM_TENSOR = re.compile(_OOM_TENSOR.format(device="CPU"))
+_GPU_OOM_TENSOR = re.compile(_OOM_TENSOR.format(device="GPU"))
+# NumPy: "Unable to allocate 5.00 GiB for an array with shape (256, 5000000) and data type float32"
+_NUMPY_OOM = re.compile(
+    r"Unable to allocate [\d.]+ \w+ for an array with shape \((?P<shape>[\d, ]*)\) and data type (?P<dtype>\w+)"
+)
+
+
+def _size(size: float) -> str:
+    return f"{size / 2**30:,.2f} GiB" if size >= 2**30 else f"{size / 2**20:,.1f} MiB"
+
+
+def _tensor(text: str, pattern: re.Pattern) -> tuple[str, int | None] | None:
+    """("a float32 tensor of shape [256, 200000000]", its size in bytes or None) from the error's text, or None."""
+    found = pattern.search(text) or _NUMPY_OOM.search(text)
+    if not found:
+        return None
+    dims = [int(d) for d in re.findall(r"\d+", found.group("shape"))]
+    dtype = found.group("dtype")
+    element = _DTYPE_BYTES.get(dtype)
+    size = None
+    if element is not None:
+        size = element
+        for dim in dims:
+            size *= dim
+    name = {"float": "float32", "double": "float64", "half": "float16"}.get(dtype, dtype)
+    return f"a {name} tensor of shape [{', '.join(map(str, dims))}]", size
+
+
+def _host_oom_numbers(text: str) -> str | None:
+    tensor = _tensor(text, _HOST_OOM_TENSOR)
+    memory = host_memory()
+    parts = []
+    if tensor:
+        what, size = tensor
+        parts.append(f"the allocation refused: {what}" + (f" ({_size(size)})" if size else ""))
+    if memory.total:
+        parts.append(
+            f"this machine's RAM: {_size(memory.total)}"
+            + (f" ({_size(memory.available)} available now)" if memory.available else "")
+        )
+    if memory.address_space_limit:
+        parts.append(
+            f"this process's address-space limit (`ulimit -v`): {_size(memory.address_space_limit)}, "
+            "TensorFlow's own libraries and threads included"
+        )
+    if not parts:
+        return None
+    sentence = "; ".join(parts)
+    return sentence[0].upper() + sentence[1:] + "."
+
+
+def _gpu_oom_numbers(text: str) -> str | None:
+    found = _GPU_OOM_TENSOR.search(text)
+    tensor = _tensor(text, _GPU_OOM_TENSOR)
+    if not found or not tensor:
+        return None
+    what, size = tensor
+    return (
+        f"The allocation refused on GPU {found.group('index')}: {what}"
+        + (f" ({_size(size)})" if size else "")
+        + "."
     )
 
 
@@ -126,7 +243,10 @@ KNOWN_ERRORS: tuple[KnownError, ...] = (
     ),
     KnownError(
         name="hbm_out_of_memory",
-        pattern=re.compile(r"Ran out of memory in memory space hbm"),
+        pattern=re.compile(
+            r"Ran out of memory in memory space hbm|"
+            r"Attempting to reserve \S+ at the bottom of memory\. That was not possible"
+        ),
         cause=(
             "the compiled training step (weights, optimizer state, activations of the per-core batch) does not "
             "fit in the TPU's high-bandwidth memory (HBM)."
@@ -140,7 +260,51 @@ KNOWN_ERRORS: tuple[KnownError, ...] = (
             "github.com/tensorflow/tpu/issues/385",
             "github.com/google-research/albert/issues/168",
             "github.com/tensorflow/tensor2tensor/issues/1382",
+            "github.com/pytorch/xla/issues/1735",
         ),
+    ),
+    KnownError(
+        name="host_out_of_memory",
+        pattern=re.compile(
+            _HOST_OOM_TENSOR.pattern
+            + r"|Unable to allocate [\d.]+ \w+ for an array with shape|\b(?:_Array)?MemoryError\b"
+        ),
+        cause=(
+            "the run ran out of host memory: this machine's RAM (or the share of it this process may use), not "
+            "an accelerator's. TensorFlow holds on the CPU whatever no accelerator holds (the weights, optimizer "
+            "state and a batch's activations when training on the CPU, data kept in memory) and refused an "
+            "allocation that did not fit."
+        ),
+        fix=(
+            "lower `data.global_batch_size`, or make the model smaller (its widths and depths in the recipe's "
+            "`model` section); or run on a machine with more memory. Under an address-space limit (`ulimit -v`, "
+            "a job scheduler's memory limit) raise it. The checkpoints written before stay as they were."
+        ),
+        reports=(
+            "github.com/thtrieu/darkflow/issues/873",
+            "github.com/isseu/emotion-recognition-neural-networks/issues/48",
+            "github.com/santi-pdp/segan/issues/42",
+        ),
+        numbers=_host_oom_numbers,
+    ),
+    KnownError(
+        name="gpu_out_of_memory",
+        pattern=_GPU_OOM_TENSOR,
+        cause=(
+            "the run ran out of GPU memory: the weights, optimizer state and a batch's activations of the step "
+            "(or another process using the same GPU) do not fit in the GPU's own memory."
+        ),
+        fix=(
+            "lower `data.global_batch_size`, train in `runtime.precision: mixed_float16` (`mixed_bfloat16` on "
+            "Ampere and newer; half the activation memory), or make the model smaller; check with `nvidia-smi` "
+            "that no other process holds the GPU's memory; a GPU with more memory is the last resort."
+        ),
+        reports=(
+            "github.com/tensorflow/tensorflow/issues/136",
+            "github.com/tensorflow/tensorflow/issues/16768",
+            "github.com/ikhlestov/vision_networks/issues/25",
+        ),
+        numbers=_gpu_oom_numbers,
     ),
     KnownError(
         name="tensorflow_libtpu_breaks_jax",

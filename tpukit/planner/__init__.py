@@ -18,6 +18,7 @@ from typing import Any
 
 from tpukit.planner import hardware as hardware_choices
 from tpukit.planner import steps as steps_lib
+from tpukit.planner.output_dir import check_output_dir as check_output_dir
 from tpukit.planner.rules import Target, input_paths_rule
 from tpukit.recipe import Recipe, RecipeError
 
@@ -132,6 +133,8 @@ class Plan:
     corrupt: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
     engine: str = "tensorflow"
     labels: Any = dataclasses.field(default=None, repr=False, compare=False)  # `DataFacts.labels`
+    # Keys whose change since the run's recipe.yaml was accepted on resume: {key: (old, new)} (`changes.py`)
+    accepted_changes: dict = dataclasses.field(default_factory=dict, compare=False)
 
     @property
     def evaluating(self) -> bool:
@@ -171,6 +174,9 @@ class Plan:
             + (f", evaluating {self.checkpoint}" if self.checkpoint else "")
             + (f", file I/O through {self.io_device}" if self.io_device else ""),
         ]
+        if self.accepted_changes:
+            changed = ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in self.accepted_changes.items())
+            lines.append(f"resuming with accepted recipe changes: {changed}")
         return "\n".join(f"tpukit plan: {line}" for line in lines)
 
 

@@ -100,7 +100,10 @@ def check_accepted_names(accepted: tuple[str, ...] | list[str]) -> None:
 
 
 def check_changes(
-    changes: dict[str, tuple[Any, Any]], accepted: tuple[str, ...] | list[str], output_dir: str, step: int
+    changes: dict[str, tuple[Any, Any]],
+    accepted: tuple[str, ...] | list[str],
+    output_dir: str,
+    step: int,
 ) -> dict[str, tuple[Any, Any]]:
     """Raises RecipeError for changes not in `accepted` (the keys with old -> new values and the flag that accepts
     them); returns the accepted ones (to record)."""

@@ -71,7 +71,9 @@ class TrainingGuard(keras.callbacks.Callback):
         self.diverged_at: int | None = None
         self.preempted = False
         self.stopped_by: str | None = None  # "SIGTERM" or "SIGINT" once stopped by a signal
-        self._sigterm = False  # a stop signal arrived (either one); named so for the cluster agreement below
+        self._sigterm = (
+            False  # a stop signal arrived (either one); named so for the cluster agreement below
+        )
         self._signal: str | None = None
         self._previous_handlers: dict = {}
         self._sigterm_at = int(os.environ.get(_TEST_SIGTERM_AT_STEP, "0") or 0)
@@ -138,7 +140,9 @@ class TrainingGuard(keras.callbacks.Callback):
             self._sigterm_at = 0
             for name in os.environ.get(_TEST_SIGNALS, "SIGTERM").split(","):
                 os.kill(os.getpid(), signal.Signals[name.strip()])
-                time.sleep(0.01)  # Python runs the handler at the next instruction, before the next signal
+                time.sleep(
+                    0.01
+                )  # Python runs the handler at the next instruction, before the next signal
         if self._agree is not None:
             # A preempted host gets SIGTERM alone while the others wait in its collectives: every worker learns of
             # it at the same execution, so all save the same step and stop together.
@@ -282,6 +286,9 @@ def fit_with_recovery(
             history.setdefault(key, []).extend(float(v) for v in values)
         if checkpointer.step >= total and guard.diverged_at is None and not guard.preempted:
             guard.save_final()  # weights that are not finite set diverged_at: rolled back below
+            if guard._sigterm and guard.diverged_at is None:
+                # The signal came after the last step: training is saved, and the run stops before evaluating.
+                guard.preempted, guard.stopped_by = True, guard._signal or "SIGTERM"
         if guard.diverged_at is not None:
             rollbacks += 1
             _roll_back(checkpointer, guard.diverged_at, rollbacks, max_nan_retries)
