@@ -1,6 +1,13 @@
-"""Recipe files: YAML read strictly (no duplicate keys, no aliases into untyped values, a size cap), recipes
-shipped inside the package (`digits_cnn` works after a plain `pip install`), and `--set section.key=value`
-overrides that must name an existing key. The schema they are checked against is `tpukit.recipe.schema`.
+"""Recipe files: YAML read strictly (no duplicate keys, a size cap, aliases and nesting bounded), recipes shipped
+inside the package (`digits_cnn` works after a plain `pip install`), and `--set section.key=value` overrides that
+must name an existing key. The schema they are checked against is `tpukit.recipe.schema`.
+
+Bounds, so that no file or `--set` value can make tpukit spin or answer with megabytes: a file is at most
+`MAX_RECIPE_BYTES`; its YAML aliases (`*name`) may repeat values, but the document they expand to holds at most
+`MAX_ALIAS_VALUES` values, no value contains itself and none nests beyond `MAX_NESTING` levels (all checked on the
+parsed node graph, before any Python object is built); a message shortens every value it echoes back
+(`schema._show`, `schema._clip`). A recipe is still code: its `module:function` names are imported and run (see
+docs/recipes.md, "Security: a recipe is code").
 """
 
 from __future__ import annotations
@@ -11,7 +18,26 @@ from typing import Any
 
 import yaml
 
-from tpukit.recipe.schema import MAX_RECIPE_BYTES, SECTIONS, Recipe, RecipeError, _show, from_dict
+from tpukit.recipe.schema import (
+    MAX_RECIPE_BYTES,
+    SECTIONS,
+    Recipe,
+    RecipeError,
+    _clip,
+    _key_name,
+    _show,
+    from_dict,
+)
+
+# A recipe holds a few hundred values. Aliases (`lr: &lr 0.1` ... `*lr`) may repeat some, but a document whose
+# aliases expand it beyond this many values is an alias bomb ("billion laughs": 9 levels of 9 aliases are 9**9
+# values), not a recipe: everything that walks the values (saving recipe.yaml, comparing recipes, a builder given
+# the value) would spin on it. Generous: 100,000 values take well under a second to save.
+MAX_ALIAS_VALUES = 100_000
+# A recipe nests two or three levels (section, key, a list or mapping of options). Deeper values are refused at
+# load: the code that walks them recursively (saving recipe.yaml, validation, a builder) would otherwise fail
+# with a RecursionError after the run started, at some depth between 300 and 500.
+MAX_NESTING = 100
 
 
 def packaged_recipes() -> dict[str, str]:
@@ -61,38 +87,153 @@ def apply_override(raw: dict[str, Any], override: str, path: str) -> None:
         )
     dotted, text = override.split("=", 1)
     section, _, key = dotted.strip().partition(".")
+    # The argument as typed, shortened: a message never echoes megabytes.
+    shown = _clip(repr(override))
     if section not in SECTIONS or not key or "." in key:
         raise RecipeError(
-            f"--set {override!r}: the key must be section.key with section one of {', '.join(SECTIONS)}; "
-            f"received {dotted!r}. Fix: e.g. --set data.global_batch_size=256."
+            f"--set {shown}: the key must be section.key with section one of {', '.join(SECTIONS)}; "
+            f"received {_clip(repr(dotted))}. Fix: e.g. --set data.global_batch_size=256."
         )
+    name = f"{section}.{_clip(key)}"
     try:
         value = yaml.load(text, Loader=_StrictLoader)
+    except _ShapeError as error:
+        where = f"{name}.{error.where}" if error.where else name
+        raise RecipeError(
+            f"--set {shown}: the value of {where}: {_shape_problem(error)}."
+        ) from None
     except yaml.YAMLError as error:
         raise RecipeError(
-            f"--set {override!r}: the value of {section}.{key} is not valid YAML ({_yaml_problem(error)}). "
-            f"Fix: quote it or correct it, e.g. --set {section}.{key}=3."
+            f"--set {shown}: the value of {name} is not valid YAML ({_yaml_problem(error)}). "
+            f"Fix: quote it or correct it, e.g. --set {name}=3."
         ) from None
     except RecursionError:
         raise RecipeError(
-            f"--set {override!r}: the value of {section}.{key} is nested too deeply. Fix: simplify it."
+            f"--set {shown}: the value of {name} is nested too deeply. Fix: simplify it."
         ) from None
     if raw.get(section) is None:
         raw[section] = {}
     if not isinstance(raw[section], dict):
         raise RecipeError(
-            f"{path}: --set {override!r}: section {section} must be a mapping of keys; received "
+            f"{path}: --set {shown}: section {section} must be a mapping of keys; received "
             f"{_show(raw[section])}. Fix: write `{section}:` followed by indented `key: value` lines."
         )
     raw[section][key] = value  # unknown keys are rejected by from_dict with the valid names
 
 
+class _ShapeError(Exception):
+    """The parsed document is no recipe's shape: `problem` is "aliases" (they expand beyond MAX_ALIAS_VALUES
+    values), "cycle" (a value contains itself) or "depth" (nested beyond MAX_NESTING). `where` is the key path
+    (`model.payload`, at most section.key) of the value at fault, '' for the document itself."""
+
+    def __init__(self, problem: str, where: str):
+        super().__init__(problem, where)
+        self.problem, self.where = problem, where
+
+
+def _check_shape(root: yaml.Node) -> None:
+    """Raises _ShapeError when the node graph, with every alias expanded, holds more than MAX_ALIAS_VALUES values,
+    when a value contains itself (`&a [*a]`: it expands without end), or when it nests beyond MAX_NESTING levels.
+
+    PyYAML's composer makes an alias the very node its anchor names, so the document is a graph in which a shared
+    node counts once per reference. A node's expanded size and its depth are memoized, so the check costs one
+    visit per node and edge (a bomb's few hundred bytes), never the billions of values a bomb expands to. A
+    document without aliases holds exactly as many values as nodes, so only aliases can trip the value cap (the
+    file size cap bounds the rest).
+    """
+    memo: dict[int, tuple[int, int]] = {}  # id(node) -> (values once expanded, levels of nesting)
+    active: set[int] = set()  # the nodes being visited: meeting one again is a cycle
+    path: list[str] = []
+
+    def visit(node: yaml.Node) -> tuple[int, int]:
+        key = id(node)
+        if key in memo:
+            return memo[key]
+        if key in active:
+            raise _ShapeError("cycle", ".".join(path[:2]))
+        values, depth = 1, 0
+        if isinstance(node, (yaml.SequenceNode, yaml.MappingNode)):
+            active.add(key)
+            pairs = (
+                node.value
+                if isinstance(node, yaml.MappingNode)
+                else [(None, n) for n in node.value]
+            )
+            for key_node, value_node in pairs:  # a loop, not a generator: one stack frame per level
+                if key_node is not None:
+                    values += visit(key_node)[0]
+                    path.append(_node_name(key_node))
+                child_values, child_depth = visit(value_node)
+                if key_node is not None:
+                    path.pop()
+                values, depth = values + child_values, max(depth, child_depth)
+            active.discard(key)
+            depth += 1
+        memo[key] = values, depth
+        return memo[key]
+
+    values, depth = visit(root)
+    if depth > MAX_NESTING:
+        raise _ShapeError("depth", _heaviest(root, lambda node: memo[id(node)][1]))
+    if values > MAX_ALIAS_VALUES and values > len(memo):  # the second: aliases made it so
+        raise _ShapeError("aliases", _heaviest(root, lambda node: memo[id(node)][0]))
+
+
+def _node_name(node: yaml.Node) -> str:
+    return _key_name(node.value) if isinstance(node, yaml.ScalarNode) else "<key>"
+
+
+def _heaviest(node: yaml.Node, weight) -> str:
+    """The key path (at most section.key) of the heaviest value under `node`: where the problem sits."""
+    names = []
+    while isinstance(node, yaml.MappingNode) and node.value and len(names) < 2:
+        key_node, node = max(node.value, key=lambda pair: weight(pair[1]))
+        names.append(_node_name(key_node))
+    return ".".join(names)
+
+
+def _shape_problem(error: _ShapeError) -> str:
+    if error.problem == "cycle":
+        return (
+            "a YAML alias (*name) refers to the value that contains it (like `a: &a [*a]`), which expands without "
+            "end. Fix: remove that alias, or write the value out"
+        )
+    if error.problem == "depth":
+        return (
+            f"nested more than {MAX_NESTING} levels deep (a recipe nests a few). Fix: flatten the value, or pass "
+            "deep data as a file path"
+        )
+    return (
+        f"its YAML aliases (*name) expand to more than {MAX_ALIAS_VALUES:,} values (an alias bomb: a recipe holds "
+        "a few hundred). Fix: write the values out, or alias only a value reused a few times (e.g. `lr: &lr 0.1`, "
+        "then `*lr`)"
+    )
+
+
 class _StrictLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, but a key written twice in one mapping is an error instead of the last one winning."""
+    """PyYAML's safe loader, but a key written twice in one mapping is an error instead of the last one winning, a
+    document whose aliases expand too far (or into themselves) or that nests too deeply is refused before anything
+    is built (`_check_shape`), and `<<` merge keys work."""
+
+    def construct_document(self, node):
+        _check_shape(node)
+        return super().construct_document(node)
+
+    def construct_yaml_int(self, node):
+        """An integer of more decimal digits than Python converts (4300) is a YAML error naming its line, not the
+        bare ValueError PyYAML lets out."""
+        try:
+            return super().construct_yaml_int(node)
+        except ValueError:
+            digits = f"{len(node.value):,}"
+            problem = f"found an integer of {digits} digits, beyond what Python reads (4300)"
+            raise yaml.constructor.ConstructorError(None, None, problem, node.start_mark) from None
 
     def construct_mapping(self, node, deep=False):
         seen = {}
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<: *base` merges a mapping in (the base class does it); its own keys may override
             key = self.construct_object(key_node, deep=deep)
             try:
                 duplicate = key in seen
@@ -109,6 +250,9 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+_StrictLoader.add_constructor("tag:yaml.org,2002:int", _StrictLoader.construct_yaml_int)
+
+
 def _yaml_problem(error: yaml.YAMLError) -> str:
     """PyYAML's message in one line: the problem and where (its own message spans several lines with a snippet)."""
     problem = getattr(error, "problem", None) or getattr(error, "reason", None)
@@ -116,8 +260,9 @@ def _yaml_problem(error: yaml.YAMLError) -> str:
     if problem:
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         context = getattr(error, "context", None)
-        return f"{problem}{where}" + (f", {context}" if context else "")
-    return " ".join(str(error).split())
+        # A problem can quote the file (an undefined alias's name, an unknown tag): shortened like any echo.
+        return f"{_clip(problem)}{where}" + (f", {_clip(context)}" if context else "")
+    return _clip(" ".join(str(error).split()))
 
 
 def _read_text(path: str) -> str:
@@ -151,6 +296,9 @@ def load_recipe(name_or_path: str, overrides: list[str] | tuple[str, ...] = ()) 
     text = _read_text(path)
     try:
         raw = yaml.load(text, Loader=_StrictLoader)
+    except _ShapeError as error:
+        where = f"{error.where}: " if error.where else ""
+        raise RecipeError(f"{path}: {where}{_shape_problem(error)}.") from None
     except yaml.YAMLError as error:
         raise RecipeError(
             f"{path}: not valid YAML: {_yaml_problem(error)}. Fix: check indentation and `key: value` syntax."
@@ -170,15 +318,38 @@ def load_recipe(name_or_path: str, overrides: list[str] | tuple[str, ...] = ()) 
     return from_dict(raw, path)
 
 
+def recipe_text(recipe: Recipe) -> str:
+    """The resolved recipe as YAML text (what a run's `recipe.yaml` holds).
+
+    A value the recipe shares (one YAML alias used twice, or one Python list passed twice) is written once with an
+    anchor and then referenced, as the recipe wrote it, not copied out at each use.
+    """
+    source = " ".join(str(recipe.path).splitlines())  # one comment line, whatever the path holds
+    return f"# Resolved from {source} (with overrides applied)\n" + yaml.safe_dump(
+        _plain(recipe.to_dict(), {}), sort_keys=False
+    )
+
+
 def save_recipe(recipe: Recipe, path: str) -> None:
+    text = recipe_text(recipe)  # before the file is opened: a failure leaves no empty recipe.yaml
     with open(path, "w", encoding="utf-8") as f:
-        f.write(f"# Resolved from {recipe.path} (with overrides applied)\n")
-        yaml.safe_dump(_plain(recipe.to_dict()), f, sort_keys=False)
+        f.write(text)
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: Any, memo: dict[int, Any]) -> Any:
+    """Lists for tuples, dicts for mappings, so safe_dump writes plain YAML. `memo` maps each container already
+    converted to its copy: a shared value stays one shared value (safe_dump writes an anchor and aliases), so
+    this and the dump stay as small as the recipe, and a value that contains itself does not recurse forever."""
+    if not isinstance(value, (dict, list, tuple)):
+        return value
+    if not value:  # not memoized: `()` is one object in Python, and an empty value needs no anchor
+        return {} if isinstance(value, dict) else []
+    if id(value) in memo:
+        return memo[id(value)]
     if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
+        out = memo[id(value)] = {}
+        out.update((k, _plain(v, memo)) for k, v in value.items())
+    else:
+        out = memo[id(value)] = []
+        out.extend(_plain(v, memo) for v in value)
+    return out

@@ -262,22 +262,50 @@ class Recipe:
 # --------------------------------------------------------------------------------------------------------------
 # Messages.
 
-_REPR = reprlib.Repr()
-_REPR.maxstring = _REPR.maxother = (
-    80  # a received value is shown, never a whole file or a YAML alias bomb
-)
+
+class _Repr(reprlib.Repr):
+    def repr_int(self, x, level):
+        """Python refuses to print an integer of more than 4300 digits (a YAML 0x... integer can be longer)."""
+        try:
+            return super().repr_int(x, level)
+        except ValueError:
+            return f"<an integer of {x.bit_length():,} bits>"
+
+
+# A message echoes what it received, shortened: never a whole file, a long list or an alias bomb. reprlib keeps the
+# start of each string (80 characters) and container (6 items, 4 keys) and 3 levels of nesting; what that can still
+# add up to (6 * 6 * 6 strings of 80 characters: 17 KB) is cut to _SHOW_MAX characters, so a message stays a
+# paragraph whatever the recipe holds.
+_REPR = _Repr()
+_REPR.maxstring = _REPR.maxother = 80
+_REPR.maxlevel = 3
+_SHOW_MAX = 240
+# Text quoted whole in a message (a key, a --set argument, a YAML parser's problem) up to this many characters.
+_QUOTE_MAX = 240
 
 
 def _show(value: Any) -> str:
-    return "null" if value is None else _REPR.repr(value)
+    """A received value as a message shows it: its repr, shortened to at most _SHOW_MAX characters."""
+    return "null" if value is None else _clip(_REPR.repr(value), _SHOW_MAX)
+
+
+def _clip(text: str, limit: int = _QUOTE_MAX) -> str:
+    """`text` whole when at most `limit` characters, else its start, '...' and its end (both ends say most)."""
+    if len(text) <= limit:
+        return text
+    half = (limit - 3) // 2
+    return f"{text[:half]}...{text[len(text) - half :]}"
 
 
 def _key_name(key: Any) -> str:
     """A key as written in a message: plain when it reads as a name, else its repr (no newlines, no surprises)."""
-    if isinstance(key, str) and key.isidentifier():
+    if isinstance(key, str) and key.isidentifier() and len(key) <= _QUOTE_MAX:
         return key
-    shown = repr(key)
-    return shown if len(shown) <= 240 else _REPR.repr(key)
+    try:
+        shown = repr(key)
+    except ValueError:  # an integer beyond the 4300 digits Python prints
+        return _show(key)
+    return shown if len(shown) <= _QUOTE_MAX else _show(key)
 
 
 def _type_name(tp: Any) -> str:
@@ -302,7 +330,7 @@ def _type_name(tp: Any) -> str:
 def _unknown_key_error(
     section: str, key: Any, value: Any, valid: list[str], where: str
 ) -> RecipeError:
-    close = difflib.get_close_matches(str(key), valid, n=1)
+    close = difflib.get_close_matches(key if isinstance(key, str) else _show(key), valid, n=1)
     hint = f" Did you mean '{close[0]}'?" if close else ""
     name = _key_name(key)
     return RecipeError(
@@ -418,7 +446,8 @@ def _check_value(key: str, value: Any, tp: Any) -> Any:
         fix = f"change the value of {key}"
         if isinstance(value, str) and _yaml_number_text(value):
             # YAML 1.1 (PyYAML) reads an exponent without a dot, like 1e-6, as text.
-            fix = f"write it with a dot, e.g. {key.split('.')[-1]}: {_yaml_number_text(value)}"
+            example = _clip(_yaml_number_text(value))
+            fix = f"write it with a dot, e.g. {key.split('.')[-1]}: {example}"
         raise RecipeError(
             f"{key} must be {_type_name(tp)}; received {received}. Fix: {fix}."
         ) from None
@@ -581,6 +610,13 @@ def _lookup(registry: dict[str, Any], name: Any, key: str):
     try:
         return registry_lib.lookup(registry, name, key)
     except registry_lib.RegistryError as error:
+        # The registry's message quotes the name whole, twice: a long one gets this shorter message instead.
+        if isinstance(name, str) and len(name) > _QUOTE_MAX:
+            raise RecipeError(
+                f"{key}={_show(name)} ({len(name):,} characters) is neither a registered name nor an importable "
+                "'module.path:function'. Fix: check the spelling, and that its package is installed or on "
+                "PYTHONPATH."
+            ) from None
         raise RecipeError(str(error)) from None
 
 
@@ -589,9 +625,8 @@ def _validate_model(config: ModelConfig) -> None:
 
     builder = _lookup(MODELS, config.name, "model.name")
     params = _signature_params(builder, skip=())
-    config.kwargs = _check_kwargs(
-        builder, config.kwargs, params, "model", f" for model {config.name!r}", MODEL_FIELDS
-    )
+    where = f" for model {_clip(repr(config.name))}"
+    config.kwargs = _check_kwargs(builder, config.kwargs, params, "model", where, MODEL_FIELDS)
     _check_fields(config, "model", skip=("name", "kwargs"))
     if config.init_weights == "":
         raise RecipeError(
@@ -601,9 +636,12 @@ def _validate_model(config: ModelConfig) -> None:
     for pattern in config.freeze or ():
         try:
             re.compile(pattern)
-        except re.error as error:
+        except (re.error, RecursionError, OverflowError) as error:
+            problem = (
+                "nested too deeply" if isinstance(error, RecursionError) else _clip(str(error))
+            )
             raise RecipeError(
-                f"model.freeze holds {pattern!r}, which is not a regular expression ({error}). Fix: e.g. "
+                f"model.freeze holds {_show(pattern)}, which is not a regular expression ({problem}). Fix: e.g. "
                 "freeze: ['^conv', 'embedding'] (matched with re.search against layer names)."
             ) from None
     _count("model.lora_rank", config.lora_rank, example=8)
@@ -632,7 +670,7 @@ def _validate_data(config: DataConfig) -> None:
     params = _signature_params(source, skip=SOURCE_RESERVED_ARGS)
     fields = tuple(f.name for f in dataclasses.fields(DataConfig) if f.name != "options")
     config.options = _check_kwargs(
-        source, config.options, params, "data", f" for source {config.source!r}", fields
+        source, config.options, params, "data", f" for source {_clip(repr(config.source))}", fields
     )
     _count("data.global_batch_size", config.global_batch_size, example=64)
     _count("data.eval_global_batch_size", config.eval_global_batch_size, example=64)
@@ -659,8 +697,8 @@ def _validate_train(config: TrainConfig) -> None:
         any(not 0 < b < 1 for b in boundaries) or list(boundaries) != sorted(set(boundaries))
     ):
         raise RecipeError(
-            f"train.decay_boundaries must be increasing fractions of the run in (0, 1); received {list(boundaries)!r}. "
-            "Fix: e.g. decay_boundaries: [0.5, 0.75] decays at half and three quarters of the run."
+            "train.decay_boundaries must be increasing fractions of the run in (0, 1); received "
+            f"{_show(list(boundaries))}. Fix: e.g. decay_boundaries: [0.5, 0.75] decays at half and three quarters of the run."
         )
     _count("train.reference_batch_size", config.reference_batch_size, example=256)
     _in_range("train.trust_coefficient", config.trust_coefficient, 0, low_open=True, example=0.001)
