@@ -33,6 +33,8 @@ _LAZY = {
     "load_model": ("tpukit.task", "load_model"),
     "TPUConnectionError": ("tpukit.engines.tensorflow.strategy", "TPUConnectionError"),
     "RunLockedError": ("tpukit.rundir", "RunLockedError"),
+    "ClusterUnreachableError": ("tpukit.engines.tensorflow.strategy", "ClusterUnreachableError"),
+    "TFConfigError": ("tpukit.engines.tensorflow.strategy", "TFConfigError"),
     "TrainingInterrupted": ("tpukit.runner", "TrainingInterrupted"),
     "connect": ("tpukit.engines.tensorflow.strategy", "connect"),
     "cpu_mirrored_strategy": ("tpukit.engines.tensorflow.strategy", "cpu_mirrored_strategy"),

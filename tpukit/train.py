@@ -87,7 +87,11 @@ def main(argv: list[str]) -> int:
         recipe = load_recipe(argv[1], overrides)
         name = os.path.splitext(os.path.basename(recipe.path))[0]
         output_dir = FLAGS.output_dir or os.path.join("runs", name)
-        from tpukit.engines.tensorflow.strategy import TPUConnectionError
+        from tpukit.engines.tensorflow.strategy import (
+            ClusterUnreachableError,
+            TPUConnectionError,
+            WaitInterrupted,
+        )
         from tpukit.engines.tensorflow.trainer import TrainingDivergedError
         from tpukit.rundir import RunLockedError
         from tpukit.runner import TrainingInterrupted, run
@@ -104,6 +108,11 @@ def main(argv: list[str]) -> int:
         except TrainingInterrupted as stopped:
             print(f"{stopped}", file=sys.stderr)
             return EXIT_INTERRUPTED
+        except (
+            WaitInterrupted
+        ) as stopped:  # SIGTERM or Ctrl-C while waiting for a TPU or the workers
+            print(f"{stopped}", file=sys.stderr)
+            return 128 + stopped.signum
         except KeyboardInterrupt:
             print(
                 "tpukit: stopped at once by Ctrl-C; the checkpoints saved before are kept in "
@@ -113,6 +122,7 @@ def main(argv: list[str]) -> int:
             return EXIT_INTERRUPTED
         except (
             TPUConnectionError,
+            ClusterUnreachableError,
             TrainingDivergedError,
             OutputDirError,
             RunLockedError,

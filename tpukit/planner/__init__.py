@@ -175,7 +175,9 @@ class Plan:
             + (f", file I/O through {self.io_device}" if self.io_device else ""),
         ]
         if self.accepted_changes:
-            changed = ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in self.accepted_changes.items())
+            changed = ", ".join(
+                f"{k} {a!r} -> {b!r}" for k, (a, b) in self.accepted_changes.items()
+            )
             lines.append(f"resuming with accepted recipe changes: {changed}")
         return "\n".join(f"tpukit plan: {line}" for line in lines)
 

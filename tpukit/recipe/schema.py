@@ -799,7 +799,7 @@ def _validate_runtime(config: RuntimeConfig) -> None:
     steps = config.profile_steps
     if steps is not None and (len(steps) != 2 or not 0 < steps[0] <= steps[1] <= INT32_MAX):
         raise RecipeError(
-            f"runtime.profile_steps must be [first, last] with 0 < first <= last; received {list(steps)!r}. "
+            f"runtime.profile_steps must be [first, last] with 0 < first <= last; received {_show(list(steps))}. "
             "Fix: e.g. profile_steps: [10, 20]."
         )
 

@@ -140,8 +140,12 @@ def detect_runtime(
         accelerator_type=env.get("TPU_ACCELERATOR_TYPE"),
         evidence=evidence,
     )
+    # Without $TF_CONFIG: only the TPU part of the choice matters here, and a malformed TF_CONFIG is reported by
+    # `check_accelerator` (connect validates it) as a finding with its fix, not raised.
     choice = strategy.choose(
-        env=env, tpu_vm=strategy.tpu_vm_environment(env) or bool(tpu_files), gpus=0
+        env={k: v for k, v in env.items() if k != "TF_CONFIG"},
+        tpu_vm=strategy.tpu_vm_environment(env) or bool(tpu_files),
+        gpus=0,
     )
     if choice.kind == "tpu":
         remote = choice.tpu.startswith("grpc://") or (choice.tpu != "local" and not tpu_files)

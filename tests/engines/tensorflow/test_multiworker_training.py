@@ -104,7 +104,11 @@ def test_the_cli_trains_a_recipe_on_a_two_worker_cluster(tmp_path):
     assert metrics["replicas"] == 2 and metrics["step"] == 1437 // 32
     assert metrics["eval_examples"] == 360 and metrics["eval"]["accuracy"] > 0.5
     assert (output_dir / "model.keras").is_file() and (output_dir / "logs").is_dir()
-    assert sorted(p.name for p in (output_dir / "worker1").iterdir()) == ["checkpoints"]
+    # ... and its own history of the runs started there (each worker holds the lock of its own directory)
+    assert sorted(p.name for p in (output_dir / "worker1").iterdir()) == [
+        "checkpoints",
+        "runs.jsonl",
+    ]
     assert (output_dir / "worker1" / "checkpoints" / "ckpt-44.index").is_file()
     # One model, evaluated over both workers' shards: both print the same evaluation.
     summaries = [log.split("tpukit: done")[1].split(";")[0] for log in logs]

@@ -112,11 +112,14 @@ def test_tf_config_cluster_is_multi_worker_and_beats_gpus():
     choice = strategy_lib.choose(env={"TF_CONFIG": json.dumps(tf_config)}, tpu_vm=False, gpus=2)
     assert choice.kind == "multi_worker"
     assert "2 worker" in choice.reason
+    assert choice.cluster == tf_config  # build() waits for its workers
 
 
-def test_tf_config_without_cluster_is_ignored():
-    choice = strategy_lib.choose(env={"TF_CONFIG": json.dumps({"task": {}})}, tpu_vm=False, gpus=0)
-    assert choice.kind == "default"
+def test_an_empty_tf_config_object_is_no_cluster():
+    # `{}` is how TensorFlow reads an unset TF_CONFIG; a cluster without a task is refused
+    # (tests/engines/tensorflow/test_connect_waits.py has every malformed case).
+    choice = strategy_lib.choose(env={"TF_CONFIG": "{}"}, tpu_vm=False, gpus=0)
+    assert choice.kind == "default" and choice.cluster is None
 
 
 def test_bad_tf_config_json_names_the_variable():
@@ -152,7 +155,8 @@ def test_connect_on_this_cpu_returns_the_real_default_strategy(monkeypatch):
 
 @pytest.fixture
 def fake_tpu():
-    """Fakes TPUClusterResolver, connect_to_cluster, initialize_tpu_system and TPUStrategy."""
+    """Fakes TPUClusterResolver, connect_to_cluster, initialize_tpu_system and TPUStrategy, and a gRPC server that
+    answers at every grpc:// address (`waiting.probe`)."""
     strategy_lib._TPU_STRATEGIES.clear()
     strategy_lib._TPU_TOPOLOGIES.clear()
     with (
@@ -161,12 +165,14 @@ def fake_tpu():
         mock.patch.object(tf.tpu.experimental, "initialize_tpu_system") as initialize,
         mock.patch.object(tf.distribute, "TPUStrategy") as tpu_strategy,
         mock.patch.object(strategy_lib, "_initialized_tpu_systems", return_value={}),
+        mock.patch.object(strategy_lib.waiting, "probe", return_value="open") as probe,
     ):
         yield mock.Mock(
             resolver=resolver,
             connect=connect_to_cluster,
             initialize=initialize,
             strategy=tpu_strategy,
+            probe=probe,
         )
     strategy_lib._TPU_STRATEGIES.clear()
     strategy_lib._TPU_TOPOLOGIES.clear()
@@ -179,14 +185,16 @@ def test_local_tpu_is_initialized_once_and_not_connected_remotely(fake_tpu):
     assert first is second is fake_tpu.strategy.return_value
     fake_tpu.resolver.assert_called_once_with(tpu="local")
     fake_tpu.connect.assert_not_called()
+    fake_tpu.probe.assert_not_called()  # nothing on the network to wait for
     fake_tpu.initialize.assert_called_once_with(fake_tpu.resolver.return_value)
     fake_tpu.strategy.assert_called_once_with(fake_tpu.resolver.return_value)
 
 
-def test_remote_tpu_is_connected_then_initialized(fake_tpu):
+def test_remote_tpu_is_probed_then_connected_then_initialized(fake_tpu):
     strategy_lib.build(
         strategy_lib.Choice("tpu", "test", tpu="grpc://10.0.0.2:8470", explicit=True)
     )
+    fake_tpu.probe.assert_called_once_with("10.0.0.2", 8470, timeout=2.0, handshake=True)
     fake_tpu.resolver.assert_called_once_with(tpu="grpc://10.0.0.2:8470")
     fake_tpu.connect.assert_called_once_with(fake_tpu.resolver.return_value)
     fake_tpu.initialize.assert_called_once()
@@ -303,6 +311,61 @@ def test_auto_detected_tpu_failure_falls_back_to_cpu(fake_tpu, monkeypatch):
             strategy_lib.Choice("tpu", "TPU VM", tpu="local", explicit=False)
         )
     assert strategy is tf.distribute.get_strategy()
+
+
+def test_a_tpu_that_stays_silent_times_out_before_tensorflow_connects(fake_tpu):
+    fake_tpu.probe.return_value = "silent"
+    with pytest.raises(strategy_lib.TPUConnectionError) as info:
+        strategy_lib.build(
+            strategy_lib.Choice("tpu", "test", tpu="grpc://10.0.0.2:8470", explicit=True),
+            tpu_timeout_seconds=1,
+        )
+    fake_tpu.connect.assert_not_called()
+    message = str(info.value)
+    assert (
+        "(runtime.tpu_timeout_seconds=1), 10.0.0.2:8470 accepts TCP connections but does not answer"
+        in message
+    )
+    assert "--set runtime.tpu_timeout_seconds=60" in message
+
+
+def test_a_tpu_system_that_does_not_initialize_in_time_is_an_error_or_a_fallback(
+    fake_tpu, monkeypatch
+):
+    import threading
+
+    never = threading.Event()
+    fake_tpu.initialize.side_effect = lambda resolver: never.wait(30)
+    with pytest.raises(strategy_lib.TPUConnectionError) as info:
+        strategy_lib.build(
+            strategy_lib.Choice("tpu", "test", tpu="local", explicit=True), tpu_timeout_seconds=1
+        )
+    assert (
+        "the TPU system 'local' to initialize (a v4/v5 slice takes 1-3 minutes) did not finish"
+        in str(info.value)
+    )
+    assert "runtime.tpu_timeout_seconds=1" in str(info.value)
+    for var in ("TPU_NAME", "COLAB_TPU_ADDR", "TF_CONFIG"):
+        monkeypatch.delenv(var, raising=False)
+    with mock.patch.object(strategy_lib, "_gpu_count", return_value=0):
+        strategy = strategy_lib.build(
+            strategy_lib.Choice("tpu", "TPU VM", tpu="local"), tpu_timeout_seconds=1
+        )
+    assert strategy is tf.distribute.get_strategy()
+    never.set()
+
+
+def test_the_hosts_of_a_named_tpu_are_probed(fake_tpu):
+    fake_tpu.resolver.return_value.cluster_spec.return_value.as_dict.return_value = {
+        "worker": ["10.0.0.7:8470", "10.0.0.8:8470"]
+    }
+    with mock.patch.object(strategy_lib, "tpu_api_client_missing", return_value=[]):
+        strategy_lib.build(strategy_lib.Choice("tpu", "$TPU_NAME", tpu="my-pod", explicit=True))
+    assert [c.args for c in fake_tpu.probe.call_args_list] == [
+        ("10.0.0.7", 8470),
+        ("10.0.0.8", 8470),
+    ]
+    fake_tpu.connect.assert_called_once()
 
 
 def test_gpu_and_multi_worker_choices_build_the_right_strategy_classes():

@@ -242,22 +242,18 @@ def test_epoch_end_saves_are_skipped_while_they_would_cost_more_than_the_overhea
 
 def test_a_run_that_stops_early_saves_its_stop_although_the_bound_would_skip_that_epoch(tmp_path):
     # patience 0 after a tiny learning rate: early stopping ends the run at an epoch end the bound would skip.
-    metrics = run(
-        recipe(
-            **{
-                "train.epochs": 6,
-                "train.learning_rate": 1e-9,
-                "train.warmup_steps": 0,
-                "train.early_stopping_patience": 1,
-                "train.early_stopping_metric": "val_accuracy",
-                "runtime.checkpoint_max_overhead": 1e-6,
-            }
-        ),
-        str(tmp_path),
-    )
+    settings = {
+        "train.epochs": 6,
+        "train.learning_rate": 1e-9,
+        "train.warmup_steps": 0,
+        "train.early_stopping_patience": 1,
+        "train.early_stopping_metric": "val_accuracy",
+        "runtime.checkpoint_max_overhead": 1e-6,
+    }
+    metrics = run(recipe(**settings), str(tmp_path))
     assert metrics["status"] == "early_stopped"
     assert _checkpoint_steps(tmp_path) == [0, metrics["step"]] and 44 < metrics["step"] < 6 * 44
-    again = run(recipe(**{"train.epochs": 6}), str(tmp_path))
+    again = run(recipe(**settings), str(tmp_path))  # the same command again
     assert again["status"] == "early_stopped" and again["step"] == metrics["step"]
 
 

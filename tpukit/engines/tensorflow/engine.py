@@ -52,11 +52,17 @@ def _gpu_compute_capability() -> tuple[int, int] | None:
 
 
 def hardware(recipe: Recipe, strategy, output_dir: str) -> Hardware:
-    """Connects (`strategy` defaults to `tpukit.connect(recipe.runtime.tpu)`) and returns what the planner needs."""
+    """Connects (`strategy` defaults to `tpukit.connect(recipe.runtime.tpu)`, waiting at most
+    `runtime.tpu_timeout_seconds` for a TPU and `runtime.workers_timeout_seconds` for a cluster's workers) and
+    returns what the planner needs. A malformed $TF_CONFIG is a `RecipeError` (bad input: exit 2)."""
     if strategy is None:
         try:
-            strategy = strategy_lib.connect(recipe.runtime.tpu)
-        except ValueError as error:  # a malformed $TF_CONFIG
+            strategy = strategy_lib.connect(
+                recipe.runtime.tpu,
+                tpu_timeout_seconds=recipe.runtime.tpu_timeout_seconds,
+                workers_timeout_seconds=recipe.runtime.workers_timeout_seconds,
+            )
+        except strategy_lib.TFConfigError as error:
             raise RecipeError(str(error)) from None
     kind = strategy_lib.kind_of(strategy)
     worker = strategy_lib.worker_subdir(strategy)

@@ -1,0 +1,336 @@
+"""Bounded waits: a TPU to answer and a TF_CONFIG cluster's workers to start, each with a timeout, a progress line
+every 30 s, and SIGTERM / Ctrl-C answered at once.
+
+Why tpukit waits here, in Python, before calling TensorFlow (read in TensorFlow 2.21's sources and measured with its
+CPU wheel on the development machine):
+
+- TensorFlow's blocking calls hold the GIL, so nothing else in the process runs Python while they wait: no log
+  line, no timer, no Python signal handler (Python runs handlers only between bytecodes of the main thread).
+  `tf.config.experimental_connect_to_cluster` blocks in `pywrap_tfe.TFE_ContextSetServerDefWithTimeoutAndRetries`
+  with `timeout = 0  # Indicates no timeout.` (tensorflow/python/eager/context.py lines 734-741, reached from
+  `connect_to_cluster` in eager/remote.py); measured: a ticker thread stopped ticking for as long as it waited on
+  a port that accepts TCP and never speaks gRPC (the issue saw the same wait past 300 s where nothing listens). And
+  `MultiWorkerMirroredStrategy()` blocks in `pywrap_tfe.TFE_EnableCollectiveOps` (context.py line 745, from
+  `context.context().ensure_initialized()` at distribute/collective_all_reduce_strategy.py line 602) until every
+  chief/worker task has connected to the coordination service ("Waiting for 1/2 tasks to connect", forever).
+- Once that coordination service starts, TensorFlow's C++ catches SIGTERM itself (a preemption notifier:
+  /proc/PID/status SigCgt has SIGTERM set during the wait, not after `import tensorflow`), so a worker waiting for
+  a peer that never comes outlives a plain `kill` (14+ minutes in the issue).
+- MultiWorkerMirroredStrategy's own start-up barrier (`_start_check_health_thread`, collective_all_reduce_strategy.py
+  lines 1043-1073, bounded by `_check_health_initial_timeout`, 0 = none) is skipped when the coordination service
+  is on (lines 581-584 set `_enable_check_health = False`), and the service's `cluster_register_timeout_in_ms`
+  (`context.configure_coordination_service`) did not end the leader's wait: with 10 s, still waiting at 45 s.
+
+So tpukit waits, in Python, for the thing TensorFlow would wait for, and calls TensorFlow once it should not wait:
+
+- a TPU at grpc://host:port (`--tpu`, `$TPU_NAME`, `$COLAB_TPU_ADDR`, or the workers of a named TPU): until each
+  address answers the HTTP/2 handshake every gRPC server sends first (`probe(..., handshake=True)`). Connection
+  refused, a host name that does not resolve, or an answer that is not HTTP/2 is known at the first probe.
+- the workers of a TF_CONFIG cluster: until every other chief/worker task's port accepts a TCP connection
+  (`wait_until` with `probe`). Meanwhile each worker listens on its own port (`Placeholder`) so that workers that
+  wait for each other see each other; it closes just before TensorFlow starts its gRPC server on that port, and a
+  peer that connects to it in between is refused or reset, which TensorFlow retries like a peer not started yet
+  (measured: the leader, then the other worker, kept answering this way for 6 s after the other had entered
+  TensorFlow; both connected and all-reduced).
+- the TPU system initialization (1-3 minutes on a slice) does release the GIL (eagerly executed functions do;
+  measured), so `call_bounded` runs it in a daemon thread while the main thread waits. A process whose daemon
+  thread is still inside a TensorFlow op exits normally (measured: `sys.exit(1)` beside a thread blocked in a
+  queue's dequeue op exited with status 1).
+
+What remains unbounded: a peer or TPU that answers and then dies before TensorFlow finishes its handshake.
+Nothing here imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import ipaddress
+import logging
+import os
+import re
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+logger = logging.getLogger("tpukit")
+
+# How often a wait logs what it waits for. $TPUKIT_TEST_WAIT_LOG_SECONDS shortens it (the tests' subprocesses).
+LOG_INTERVAL_SECONDS = 30.0
+_LOG_INTERVAL_ENV = "TPUKIT_TEST_WAIT_LOG_SECONDS"
+# Time between two probes of the same address, and the longest one probe may take.
+POLL_SECONDS = 0.5
+PROBE_TIMEOUT_SECONDS = 2.0
+
+# The client's HTTP/2 connection preface and an empty SETTINGS frame (RFC 9113 section 3.4): a gRPC server answers
+# with its own SETTINGS frame (9-byte header, type 0x4) before anything else.
+_HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+_HTTP2_SETTINGS = 0x4
+
+
+def log_interval() -> float:
+    """Seconds between two progress lines of a wait (30, or $TPUKIT_TEST_WAIT_LOG_SECONDS)."""
+    try:
+        value = float(os.environ.get(_LOG_INTERVAL_ENV) or LOG_INTERVAL_SECONDS)
+    except ValueError:
+        return LOG_INTERVAL_SECONDS
+    return value if value > 0 else LOG_INTERVAL_SECONDS
+
+
+class WaitInterrupted(KeyboardInterrupt):
+    """SIGTERM or SIGINT arrived while tpukit waited for a TPU or for a cluster's workers: nothing was trained.
+
+    A KeyboardInterrupt, like `tpukit.runner.TrainingInterrupted`: a script or notebook stops as on any Ctrl-C, no
+    `except Exception` swallows it, and IPython shows its one line (`_render_traceback_`). `signum` is the
+    signal; a command line exits `128 + signum`, as the shell reports a process that signal ended.
+    """
+
+    def __init__(self, signum: int, activity: str, elapsed: float):
+        self.signum = signum
+        name = signal.Signals(signum).name
+        super().__init__(
+            f"tpukit: stopped by {name} after {elapsed:.0f} s while waiting for {activity}; nothing was trained "
+            "or written. Run the same command again to start over."
+        )
+
+    def _render_traceback_(self) -> list[str]:
+        return [str(self)]
+
+
+@contextlib.contextmanager
+def interruptible(activity: Callable[[], str]) -> Iterator[None]:
+    """Inside the block, SIGTERM and SIGINT raise `WaitInterrupted` (its message says what was being waited for,
+    from `activity()`); the previous handlers come back afterwards.
+
+    Only in the main thread (Python delivers signals there; `signal.signal` refuses other threads), and only for a
+    signal whose handler Python installed: one ignored (SIG_IGN, e.g. SIGINT under nohup) stays ignored, and one
+    that C code installed (`getsignal` returns None: TensorFlow's own SIGTERM handler) cannot be put back, so it
+    is left alone.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    start = time.monotonic()
+
+    def stop(signum, frame):
+        raise WaitInterrupted(signum, activity(), time.monotonic() - start)
+
+    previous = {}
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        handler = signal.getsignal(signum)
+        if handler is None or handler == signal.SIG_IGN:
+            continue
+        previous[signum] = handler
+        signal.signal(signum, stop)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def parse_address(text: Any) -> tuple[str, int]:
+    """`host:port` or `[IPv6]:port` -> (host, port); ValueError saying what is wrong otherwise."""
+    if not isinstance(text, str):
+        raise ValueError(f"an address must be a string 'host:port', not {type(text).__name__}")
+    if "://" in text:
+        raise ValueError(
+            f"{text!r} has a scheme: write host:port without '{text.split('://')[0]}://'"
+        )
+    if text.startswith("["):
+        host, separator, port = text[1:].partition("]:")
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ValueError(f"{text!r} is not [IPv6 address]:port") from None
+        if not separator:
+            raise ValueError(f"{text!r} has no port: write [{host}]:port")
+    else:
+        host, separator, port = text.rpartition(":")
+        if not separator:
+            raise ValueError(f"{text!r} has no port: write host:port, e.g. {text or 'host'}:2222")
+        if ":" in host:
+            raise ValueError(f"{text!r}: an IPv6 address goes in brackets, e.g. [::1]:2222")
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", host):
+            raise ValueError(f"{text!r} has no valid host name or IP address before ':{port}'")
+    if not re.fullmatch(r"[0-9]{1,5}", port) or not 1 <= int(port) <= 65535:
+        raise ValueError(f"{text!r} has port {port!r}: a port is a number from 1 to 65535")
+    return host, int(port)
+
+
+def probe(
+    host: str, port: int, timeout: float = PROBE_TIMEOUT_SECONDS, handshake: bool = False
+) -> str:
+    """One connection attempt to host:port, as a word:
+
+    - 'open': it accepted a TCP connection (with `handshake`: and answered the HTTP/2 handshake, as gRPC does);
+    - 'silent' (`handshake` only): it accepted the connection and said nothing within `timeout`;
+    - 'not_grpc' (`handshake` only): it answered something that is not HTTP/2, or closed the connection;
+    - 'refused': nothing listens there; 'unresolvable': the host name does not resolve;
+    - 'timeout': no answer to the TCP connection within `timeout` (a firewall, or a machine that is down);
+    - 'unreachable': any other network error (no route to the host, ...).
+    """
+    try:
+        sock = socket.create_connection((host, port), timeout=timeout)
+    except ConnectionRefusedError:
+        return "refused"
+    except socket.gaierror:
+        return "unresolvable"
+    except TimeoutError:
+        return "timeout"
+    except OSError:
+        return "unreachable"
+    with sock:
+        if not handshake:
+            return "open"
+        try:
+            sock.sendall(_HTTP2_PREFACE)
+            reply = b""
+            while len(reply) < 9:
+                chunk = sock.recv(9 - len(reply))
+                if not chunk:
+                    break
+                reply += chunk
+        except TimeoutError:
+            return "silent"
+        except OSError:
+            return "not_grpc"
+    return "open" if len(reply) == 9 and reply[3] == _HTTP2_SETTINGS else "not_grpc"
+
+
+def wait_until(
+    poll: Callable[[float], tuple[bool, str]],
+    timeout: float,
+    activity: str,
+    limit: str,
+    interval: float = POLL_SECONDS,
+) -> tuple[bool, str, float]:
+    """Calls `poll(seconds_left) -> (done, progress)` every `interval` s until it is done or `timeout` s have
+    passed.
+
+    Logs `waiting for {activity}: {progress}; {elapsed} s of {timeout} s ({limit})` after the first poll and every
+    `log_interval()` s (`limit` names the setting, e.g. `runtime.tpu_timeout_seconds`). SIGTERM/SIGINT raise
+    `WaitInterrupted` (see `interruptible`). Returns (done, the last progress, elapsed s).
+    """
+    start = time.monotonic()
+    progress = "not checked yet"
+    with interruptible(lambda: f"{activity}; {progress}"):
+        next_log = start
+        while True:
+            done, progress = poll(max(0.0, timeout - (time.monotonic() - start)))
+            elapsed = time.monotonic() - start
+            if done:
+                return True, progress, elapsed
+            if elapsed >= timeout:
+                return False, progress, elapsed
+            if time.monotonic() >= next_log:
+                logger.info(
+                    "tpukit: waiting for %s: %s; %.0f s of %.0f s (%s)",
+                    activity,
+                    progress,
+                    elapsed,
+                    timeout,
+                    limit,
+                )
+                next_log += log_interval()
+            time.sleep(max(0.0, min(interval, timeout - elapsed)))
+
+
+class BoundedCallTimeout(TimeoutError):
+    """`call_bounded`'s function did not return in time (it goes on in its daemon thread)."""
+
+
+def call_bounded(function: Callable[[], Any], timeout: float, activity: str) -> Any:
+    """`function()` in a daemon thread, waited for in short joins: returns its result or raises its exception;
+    logs what it waits for every `log_interval()` s; raises `BoundedCallTimeout` after `timeout` s and
+    `WaitInterrupted` on SIGTERM/SIGINT. Only for functions that release the GIL while they block (Python I/O,
+    eagerly executed TensorFlow functions), or the waiting thread never runs."""
+    box: dict[str, Any] = {}
+
+    def target():
+        try:
+            box["result"] = function()
+        except BaseException as error:  # noqa: BLE001 - handed to the waiting thread
+            box["error"] = error
+
+    thread = threading.Thread(target=target, name=f"tpukit: {activity}", daemon=True)
+    start = time.monotonic()
+    with interruptible(lambda: activity):
+        thread.start()
+        next_log = start + log_interval()
+        while thread.is_alive():
+            elapsed = time.monotonic() - start
+            if elapsed >= timeout:
+                raise BoundedCallTimeout(f"{activity} did not finish within {timeout:.0f} s")
+            thread.join(min(POLL_SECONDS, timeout - elapsed))
+            if thread.is_alive() and time.monotonic() >= next_log:
+                logger.info(
+                    "tpukit: waiting for %s; %.0f s of %.0f s",
+                    activity,
+                    time.monotonic() - start,
+                    timeout,
+                )
+                next_log += log_interval()
+    if "error" in box:
+        raise box["error"]
+    return box.get("result")
+
+
+class Placeholder:
+    """Listens on this worker's own cluster port while it waits for the others, so that they see it started.
+
+    Accepted connections are closed at once (`drain`, called at every poll), so the listen backlog never fills.
+    `close()` frees the port for TensorFlow's gRPC server. A port already taken is not an error here (another
+    MultiWorkerMirroredStrategy in this process may hold it): `listening` is False then, and TensorFlow reports
+    a port held by another program when it starts its server.
+    """
+
+    def __init__(self, port: int):
+        self.port = port
+        self._sock: socket.socket | None = None
+        try:
+            if socket.has_dualstack_ipv6():
+                sock = socket.create_server(
+                    ("", port), family=socket.AF_INET6, dualstack_ipv6=True, reuse_port=False
+                )
+            else:
+                sock = socket.create_server(("", port))
+        except OSError as error:
+            if error.errno != errno.EADDRINUSE:
+                logger.warning(
+                    "tpukit: could not listen on this worker's port %d while waiting (%s)",
+                    port,
+                    error,
+                )
+            return
+        sock.setblocking(False)
+        self._sock = sock
+
+    @property
+    def listening(self) -> bool:
+        return self._sock is not None
+
+    def drain(self) -> None:
+        while self._sock is not None:
+            try:
+                connection, _ = self._sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                return
+            connection.close()
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self.drain()
+            self._sock.close()
+            self._sock = None
+
+    def __enter__(self) -> Placeholder:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
