@@ -8,6 +8,7 @@ import os
 import signal
 
 import keras
+import numpy as np
 import pytest
 from helpers import digits_recipe, train_in_process
 
@@ -208,3 +209,93 @@ def test_the_cli_exits_130_on_ctrl_c_with_one_line(tmp_path, monkeypatch):
     result = train_in_process(*args, "--set=runtime.verbose=0")
     assert result.returncode == 130 and "Traceback" not in result.stderr
     assert "stopped at once by Ctrl-C" in result.stderr
+
+
+def test_a_changed_resolved_precision_is_refused_and_accepted_by_name(tmp_path, monkeypatch):
+    _stopped_at(tmp_path, monkeypatch, **{"runtime.precision": "float32"})
+    with pytest.raises(RecipeError) as refused:
+        run(recipe(**{"runtime.precision": "mixed_bfloat16"}), str(tmp_path))
+    assert "runtime.precision: 'float32' -> 'mixed_bfloat16'" in str(refused.value)
+    metrics = run(
+        recipe(**{"runtime.precision": "mixed_bfloat16"}),
+        str(tmp_path),
+        accept_changes=["runtime.precision"],
+    )
+    assert metrics["status"] == "done" and metrics["precision"] == "mixed_bfloat16"
+
+
+def test_an_unfinished_checkpoint_save_is_cleared_by_the_next_run(tmp_path, monkeypatch):
+    _stopped_at(tmp_path, monkeypatch)
+    leftover = (
+        tmp_path / "checkpoints" / "ckpt-6_temp"
+    )  # a save killed half-way (SIGKILL, a second Ctrl-C)
+    leftover.mkdir()
+    (leftover / "part-00000-of-00001.data-00000-of-00001").write_bytes(b"\0" * 100)
+    assert run(recipe(), str(tmp_path))["status"] == "done"
+    assert not leftover.exists()
+
+
+def test_exports_are_written_whole_and_a_failed_export_keeps_the_previous_one(
+    tmp_path, monkeypatch
+):
+    from tpukit.engines.tensorflow import export
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    export.export_model(model, str(tmp_path))
+    before = (tmp_path / "model.keras").read_bytes()
+    saved_model_files = sorted(os.listdir(tmp_path / "saved_model"))
+
+    def torn_save(path, *args, **kwargs):  # a full disk half-way through the zip
+        with open(path, "wb") as f:
+            f.write(b"PK\x03\x04 torn")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(model, "save", torn_save)
+    with pytest.raises(OSError, match="No space"):
+        export.export_model(model, str(tmp_path))
+    assert (tmp_path / "model.keras").read_bytes() == before
+    monkeypatch.undo()
+
+    def torn_write_out(self, path, *args, **kwargs):
+        os.makedirs(path)
+        (open(os.path.join(path, "saved_model.pb"), "wb")).close()
+        raise OSError(28, "No space left on device")
+
+    archive = type(keras.export.ExportArchive())  # the backend's class (TFExportArchive here)
+    monkeypatch.setattr(archive, "write_out", torn_write_out)
+    with pytest.raises(OSError, match="No space"):
+        export.export_model(model, str(tmp_path))
+    assert sorted(os.listdir(tmp_path / "saved_model")) == saved_model_files  # the previous export
+    assert sorted(os.listdir(tmp_path)) == ["model.keras", "saved_model"]  # no temporaries left
+    monkeypatch.undo()
+    export.export_model(model, str(tmp_path))
+    serve = export.load_serving(str(tmp_path / "saved_model"))
+    assert serve(np.zeros((1, 3), "float32")).shape == (1, 2)
+
+
+def test_best_keras_is_written_under_a_temporary_name_then_renamed(tmp_path, monkeypatch):
+    saved = []
+    original = keras.Model.save
+
+    def spy(self, path, *args, **kwargs):
+        saved.append(os.path.basename(str(path)))
+        return original(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(keras.Model, "save", spy)
+    run(recipe(**{"train.export_best_by": "val_loss", "train.epochs": 2}), str(tmp_path))
+    best = [name for name in saved if name.startswith("best")]
+    assert best and all(rundir.TEMPORARY_MARK in n and n.endswith(".keras") for n in best)
+    assert keras.saving.load_model(tmp_path / "best.keras").count_params() > 0
+    assert not [n for n in os.listdir(tmp_path) if rundir.TEMPORARY_MARK in n]
+
+
+def test_an_ignored_ctrl_c_stays_ignored_during_training(tmp_path):
+    previous = signal.signal(
+        signal.SIGINT, signal.SIG_IGN
+    )  # as for a job started with `&` or nohup
+    try:
+        metrics = run(recipe(), str(tmp_path), callbacks=[_CtrlC(at=3)])
+        assert metrics["status"] == "done" and metrics["step"] == 12
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -176,3 +176,67 @@ def test_the_history_gets_one_line_per_run_and_survives_damage(tmp_path, caplog)
     assert rundir.history(files, str(tmp_path)) == [{"run": 3}]
     assert (tmp_path / (rundir.HISTORY_NAME + ".damaged")).exists()
     assert "damaged" in caplog.text
+
+
+MOUNTS = """\
+/dev/sda1 / ext4 rw,relatime 0 0
+gcsfuse-bucket /gcs fuse.gcsfuse rw,nosuid,nodev 0 0
+server:/export /mnt/nfs3 nfs rw,vers=3,nolock 0 0
+server:/export /mnt/nfs4 nfs4 rw,vers=4.2 0 0
+//host/share /mnt/smb cifs rw,nobrl 0 0
+"""
+
+
+@pytest.mark.parametrize(
+    "directory, reason",
+    [
+        ("/gcs/runs/x", "/gcs is a fuse.gcsfuse mount"),
+        ("/mnt/nfs3/runs/x", "/mnt/nfs3 is mounted with nolock"),
+        ("/mnt/smb/x", "/mnt/smb is a cifs mount"),
+        ("/mnt/nfs4/runs/x", None),  # NFSv4 carries flock to the server (as byte-range locks)
+        ("/home/me/runs/x", None),
+    ],
+)
+def test_mounts_whose_locks_other_hosts_cannot_see_get_a_lease(directory, reason):
+    assert rundir.flock_is_local_only(directory, MOUNTS) == reason
+
+
+def test_a_lease_holder_that_lost_its_lease_stops(tmp_path, caplog):
+    lock = RunLock(str(tmp_path), lease=True, heartbeat=0.05)
+    stopped = []
+    lock.on_lost = lambda: stopped.append(True)
+    with caplog.at_level(logging.ERROR, "tpukit"):
+        lock.acquire()
+        _write_lease(
+            tmp_path, host="another-host", pid=4242, heartbeat=time.time()
+        )  # --break_lock elsewhere
+        deadline = time.time() + 10
+        while not stopped and time.time() < deadline:
+            time.sleep(0.05)
+        lock.release()
+    assert stopped and lock.lost.pid == 4242
+    assert "taken over by pid 4242 on host 'another-host'" in caplog.text
+    # Released without removing the other run's lease.
+    assert Holder.parse((tmp_path / rundir.LOCK_NAME).read_text()).pid == 4242
+
+
+def test_a_temporary_of_a_live_writer_is_left_alone(tmp_path):
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        live = tmp_path / f"eval_metrics{rundir.TEMPORARY_MARK}{process.pid}-1.json"
+        live.write_text("{}")  # an evaluation writing now (it takes no lock)
+        assert rundir.clear_temporaries(LocalFiles(), str(tmp_path)) == []
+        assert live.exists()
+    finally:
+        process.kill()
+        process.wait()
+    assert rundir.clear_temporaries(LocalFiles(), str(tmp_path)) == [live.name]
+
+
+def test_unfinished_checkpoint_saves_are_cleared(tmp_path):
+    (tmp_path / "ckpt-112_temp").mkdir()
+    (tmp_path / "ckpt-112_temp" / "part-00000-of-00001.data-00000-of-00001").write_text("half")
+    (tmp_path / "ckpt-100.index").write_text("whole")
+    (tmp_path / "checkpoint").write_text("state")
+    assert rundir.clear_unfinished_checkpoints(LocalFiles(), str(tmp_path)) == ["ckpt-112_temp"]
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint", "ckpt-100.index"]

@@ -130,7 +130,7 @@ def clear_temporaries(files, directory: str) -> list[str]:
     holding the directory's lock. Returns the names removed."""
     removed = []
     for name in files.listdir(directory):
-        if TEMPORARY_MARK in name:
+        if TEMPORARY_MARK in name and not _writer_alive(name):
             path = os.path.join(directory, name)
             with contextlib.suppress(Exception):
                 files.rmtree(path) if files.isdir(path) else files.remove(path)
@@ -140,6 +140,44 @@ def clear_temporaries(files, directory: str) -> list[str]:
             "tpukit: removed %d unfinished write(s) left by a stopped run in %s: %s",
             len(removed),
             directory,
+            ", ".join(sorted(removed)),
+        )
+    return removed
+
+
+def _writer_alive(name: str) -> bool:
+    """Whether the process that named this temporary (`temporary_name`: its pid follows the mark) still runs on
+    this host: an evaluation (which takes no lock) may be writing it right now."""
+    try:
+        pid = int(name.split(TEMPORARY_MARK, 1)[1].split("-", 1)[0])
+    except (IndexError, ValueError):
+        return False
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def clear_unfinished_checkpoints(files, checkpoint_dir: str) -> list[str]:
+    """Removes the `ckpt-N_temp` directories TensorFlow writes a checkpoint into before renaming it, left behind
+    when a save was killed (SIGKILL, a second Ctrl-C); call it only while holding the run directory's lock."""
+    removed = []
+    for name in files.listdir(checkpoint_dir):
+        if name.startswith("ckpt-") and "_temp" in name:
+            path = os.path.join(checkpoint_dir, name)
+            with contextlib.suppress(Exception):
+                files.rmtree(path) if files.isdir(path) else files.remove(path)
+                removed.append(name)
+    if removed:
+        logger.info(
+            "tpukit: removed %d unfinished checkpoint save(s) in %s: %s",
+            len(removed),
+            checkpoint_dir,
             ", ".join(sorted(removed)),
         )
     return removed
@@ -227,6 +265,42 @@ class Holder:
 
 
 _NO_FLOCK = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
+# File systems where a successful flock may be local to this host (FUSE mounts such as gcsfuse, SMB, 9p), and NFS
+# mount options that make it so: the kernel grants the lock here and another host never sees it.
+_LOCAL_ONLY_FLOCK_TYPES = ("fuse", "cifs", "smb", "9p", "vboxsf", "virtiofs")
+_LOCAL_ONLY_FLOCK_OPTIONS = ("nolock", "local_lock=all", "local_lock=flock", "nobrl")
+
+
+def flock_is_local_only(directory: str, mounts: str | None = None) -> str | None:
+    """Why a flock in `directory` would not be seen by other hosts (its mount's type or options), else None.
+
+    Reads /proc/mounts (`mounts`: its text, for tests): the mount with the longest prefix of the directory's real
+    path decides."""
+    if mounts is None:
+        try:
+            with open("/proc/mounts", encoding="utf-8") as f:
+                mounts = f.read()
+        except OSError:
+            return None
+    path = os.path.realpath(directory)
+    best = None
+    for line in mounts.splitlines():
+        fields = line.split()
+        if len(fields) < 4:
+            continue
+        point = fields[1].replace("\\040", " ")  # /proc/mounts escapes a space as \040
+        inside = path == point or path.startswith(point.rstrip("/") + "/")
+        if inside and (best is None or len(point) > len(best[0])):
+            best = (point, fields[2], fields[3].split(","))
+    if best is None:
+        return None
+    point, kind, options = best
+    if kind.startswith(_LOCAL_ONLY_FLOCK_TYPES):
+        return f"{point} is a {kind} mount"
+    local = [o for o in options if o in _LOCAL_ONLY_FLOCK_OPTIONS]
+    if local:
+        return f"{point} is mounted with {','.join(local)}"
+    return None
 
 
 class RunLock:
@@ -252,9 +326,21 @@ class RunLock:
         self.break_lock = break_lock
         self.stale_after = stale_after
         self.heartbeat = heartbeat
-        # A lease where flock cannot work; `lease=True` forces one (tests, and file systems that lie about flock).
-        self.lease = self.files.remote if lease is None else lease
+        # A lease where flock cannot work or would not be seen by other hosts; `lease=True` forces one (tests).
+        self.lease = lease
+        if lease is None:
+            local_only = None if self.files.remote else flock_is_local_only(directory)
+            if local_only:
+                logger.info(
+                    "tpukit: %s: file locks there are not seen by other hosts; guarding %s with a lease",
+                    local_only,
+                    directory,
+                )
+            self.lease = self.files.remote or bool(local_only)
         self.holder: Holder | None = None
+        self.lost: Holder | None = None  # the run that took a lease over from this one
+        # Called (from the heartbeat thread) when the lease is lost: stops the run as SIGTERM does (saving its step).
+        self.on_lost = _stop_this_process
         self._fd: int | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -359,11 +445,29 @@ class RunLock:
 
     def _beat(self, me: Holder) -> None:
         while not self._stop.wait(self.heartbeat):
-            me.heartbeat = time.time()
-            with contextlib.suppress(
-                Exception
-            ):  # a missed beat is retried; staleness takes 5 of them
+            try:
+                current = Holder.parse(self.files.read_text(self.path))
+                if current is not None and (current.host, current.pid) != (me.host, me.pid):
+                    self.lost = current
+                    logger.error(
+                        "tpukit: the lease of %s was taken over by %s (this run's heartbeat was missing for too "
+                        "long, or --break_lock): stopping this run as on SIGTERM",
+                        self.directory,
+                        current.describe(),
+                    )
+                    if self.on_lost is not None:
+                        self.on_lost()
+                    return
+                me.heartbeat = time.time()
                 write_text(self.files, self.path, json.dumps(dataclasses.asdict(me)))
+            except Exception as error:  # noqa: BLE001 - retried at the next beat; staleness takes 5 of them
+                logger.warning(
+                    "tpukit: could not refresh the lease of %s (%s: %s); retrying in %.0f s",
+                    self.directory,
+                    type(error).__name__,
+                    str(error)[:200],
+                    self.heartbeat,
+                )
 
     def _refusal(self, holder: Holder | None, *, lease: bool, age: float = 0.0) -> str:
         who = holder.describe() if holder else "another process (it has not written its name yet)"
@@ -409,6 +513,12 @@ class RunLock:
         finally:
             self._fd = None
             self.holder = None
+
+
+def _stop_this_process() -> None:
+    import signal
+
+    os.kill(os.getpid(), signal.SIGTERM)  # the trainer saves the step in flight and stops
 
 
 def append_history(files, directory: str, record: dict) -> None:

@@ -96,14 +96,14 @@ def make_plan(
     data = task.count_data(recipe, evaluating)
     the_plan = planner.decide(recipe, hardware, data, found, mode, output_dir, checkpoint)
     # Last: a recipe that is wrong in itself (a batch larger than the data) gets that message, not this one.
-    accepted = _recipe_changes(
-        engine, recipe, mode, hardware.worker, output_dir, found, accept_changes
-    )
+    accepted = _recipe_changes(engine, recipe, the_plan, found, accept_changes)
     return dataclasses.replace(the_plan, accepted_changes=accepted) if accepted else the_plan
 
 
-def _recipe_changes(engine, recipe, mode, worker, output_dir, found, accept_changes) -> dict:
-    """The accepted changes since the run's `recipe.yaml` (raises for the others; see `planner.changes`)."""
+def _recipe_changes(engine, recipe, the_plan: Plan, found, accept_changes) -> dict:
+    """The accepted changes since the run's `recipe.yaml`, and in the precision its history records (raises
+    for the others; see `planner.changes`)."""
+    mode, worker, output_dir = the_plan.mode, the_plan.worker, the_plan.output_dir
     if mode == "eval" or worker or not found.newest_step:
         # Evaluating reads a checkpoint and trains nothing; a non-chief worker's recipe is the chief's (compared
         # across the cluster by the engine); a run that trained nothing may start over with another recipe.
@@ -125,7 +125,14 @@ def _recipe_changes(engine, recipe, mode, worker, output_dir, found, accept_chan
         json.dumps(recipe.to_dict(), default=str)
     )  # tuples as lists, as YAML reads them back
     changes = changes_lib.recipe_changes(saved, current)
-    return changes_lib.check_changes(changes, accept_changes, output_dir, found.newest_step)
+    trained = next(
+        (r["precision"] for r in reversed(rundir.history(files, output_dir)) if r.get("precision")),
+        None,
+    )
+    changes.update(changes_lib.precision_change(trained, the_plan.precision))
+    accepted = changes_lib.check_changes(changes, accept_changes, output_dir, found.newest_step)
+    changes_lib.check_precision(accepted, output_dir)
+    return accepted
 
 
 def _files(engine, output_dir: str):
@@ -195,6 +202,7 @@ def run(
                 lock = _locked(engine, files, the_plan.output_dir, break_lock)
             with _writes_to(engine, the_plan.output_dir):
                 rundir.clear_temporaries(files, the_plan.output_dir)
+                rundir.clear_unfinished_checkpoints(files, the_plan.checkpoint_dir)
                 _record_start(files, the_plan, lock.holder)
         try:
             return _run(the_plan, engine, recipe, callbacks, files)
@@ -242,6 +250,7 @@ def _record_start(files, the_plan: Plan, holder: rundir.Holder) -> None:
             "command": holder.command,
             "tpukit": __version__,
             "mode": the_plan.mode,
+            "precision": the_plan.precision,
             "resumed_from_step": the_plan.resume_step,
             "accepted_changes": {k: list(v) for k, v in the_plan.accepted_changes.items()},
         },

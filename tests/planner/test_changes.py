@@ -113,3 +113,32 @@ def test_long_values_are_shortened_in_the_message():
     with pytest.raises(RecipeError) as refused:
         changes.check_changes({"model.vocabulary": ("a" * 5000, "b")}, (), "runs/x", 1)
     assert len(str(refused.value)) < 1000
+
+
+def test_a_key_newer_than_the_run_holding_its_default_is_no_change():
+    saved = _recipe()
+    current = _recipe(
+        train__label_smoothing=0.0, data__deterministic=True
+    )  # keys the old recipe.yaml lacks
+    assert changes.recipe_changes(saved, current) == {}
+    assert changes.recipe_changes(saved, _recipe(train__label_smoothing=0.1)) == {
+        "train.label_smoothing": (0.0, 0.1)
+    }
+
+
+def test_keys_read_only_when_a_run_starts_or_exports_are_free():
+    assert not changes.recipe_changes(
+        _recipe(), _recipe(model__init_weights="runs/pretrained", train__export_best_by="val_loss")
+    )
+
+
+def test_the_resolved_precision_is_compared_and_float16_cannot_switch():
+    assert changes.precision_change(None, "float32") == {}  # a run from before the history knew it
+    assert changes.precision_change("float32", "float32") == {}
+    found = changes.precision_change("float32", "mixed_bfloat16")
+    assert found == {"runtime.precision": ("float32", "mixed_bfloat16")}
+    with pytest.raises(RecipeError, match=r"--accept_changes=runtime\.precision"):
+        changes.check_changes(found, (), "runs/x", 5)
+    changes.check_precision(found, "runs/x")  # accepted: bfloat16 and float32 checkpoints are alike
+    with pytest.raises(RecipeError, match=r"Fix: --set runtime.precision=mixed_float16"):
+        changes.check_precision({"runtime.precision": ("mixed_float16", "float32")}, "runs/x")

@@ -14,10 +14,11 @@ Pure: the caller reads `recipe.yaml`; this compares plain data.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
-from tpukit.recipe import SECTIONS, RecipeError
+from tpukit.recipe import SECTIONS, DataConfig, RecipeError, TrainConfig
 
 # Keys that do not change the trained weights (the whole `runtime` section, and the data pipeline's speed knobs,
 # evaluation cadence and size, and what is reported).
@@ -28,6 +29,8 @@ FREE = frozenset(
         "data.cache",
         "data.prefetch_batches",
         "data.private_threadpool_size",
+        "model.init_weights",  # read only when a run starts; a resume restores its checkpoint instead
+        "train.export_best_by",  # which model best.keras keeps, not what is trained
         "train.eval_every_epochs",
         "train.max_nan_retries",
         "train.metrics",
@@ -64,10 +67,27 @@ def _same(a: Any, b: Any) -> bool:
 _ABSENT = "(not set)"
 
 
+def _defaults() -> dict[str, Any]:
+    """The schema's default of every data and train key: a key a newer tpukit added is missing from the
+    `recipe.yaml` of a run started before, and holding its default is no change."""
+    values = {}
+    for section, cls in (("data", DataConfig), ("train", TrainConfig)):
+        for field in dataclasses.fields(cls):
+            if field.default is not dataclasses.MISSING:
+                values[f"{section}.{field.name}"] = field.default
+    return values
+
+
 def recipe_changes(saved: dict[str, Any], current: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
     """{key: (old, new)} for every key that decides what is trained and differs between two recipes (as
     `Recipe.to_dict()` gives them, or as read back from `recipe.yaml`)."""
+    defaults = _defaults()
     old, new = flatten(saved), flatten(current)
+    for key, value in defaults.items():  # keys one side predates
+        if key in new and key not in old:
+            old[key] = value
+        elif key in old and key not in new:
+            new[key] = value
     # More epochs at a constant learning rate continue the run exactly as a longer run would have gone (the data of
     # each epoch depends only on the seed and the epoch); a schedule over the whole run would jump instead.
     constant = old.get("train.schedule") == new.get("train.schedule") == "constant"
@@ -97,6 +117,27 @@ def check_accepted_names(accepted: tuple[str, ...] | list[str]) -> None:
                 f"--accept_changes {key!r}: expected section.key with section one of {', '.join(SECTIONS)}. "
                 "Fix: name the changed keys as the refusal lists them, e.g. --accept_changes=train.learning_rate."
             )
+
+
+def precision_change(trained: str | None, now: str) -> dict[str, tuple[Any, Any]]:
+    """The resolved precision (`runtime.precision: auto` picks one per device: mixed_float16 on some GPUs) as a
+    change, when the run's history knows the one it trained with and it differs."""
+    if trained is None or trained == now:
+        return {}
+    return {"runtime.precision": (trained, now)}
+
+
+def check_precision(accepted: dict[str, tuple[Any, Any]], output_dir: str) -> None:
+    """mixed_float16 wraps the optimizer in a loss-scale optimizer whose state is in the checkpoint: a run cannot
+    switch to or from it, accepted or not."""
+    change = accepted.get("runtime.precision")
+    if change and "mixed_float16" in change:
+        raise RecipeError(
+            f"{output_dir} was trained with precision {change[0]}, and this run resolves {change[1]}: a "
+            "mixed_float16 run keeps a loss scale in its checkpoints that the other precisions have not, so it "
+            f"cannot be resumed across that change. Fix: --set runtime.precision={change[0]} to resume it as "
+            "trained, or pass another --output_dir."
+        )
 
 
 def check_changes(

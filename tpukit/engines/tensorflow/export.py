@@ -14,6 +14,7 @@ fetches the weights into this process and writes the zip file here.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 from tpukit import rundir
@@ -114,8 +115,9 @@ def export_model(
     # Each output is written whole under a temporary name, then renamed into place: a SIGKILL or a full disk during
     # an export leaves the previous export (or none), never a truncated model.keras or a half-written SavedModel.
     temporary = rundir.temporary_name(keras_path)
-    model.save(temporary)
-    tf.io.gfile.rename(temporary, keras_path, overwrite=True)
+    with _removed_on_failure(temporary):
+        model.save(temporary)
+        tf.io.gfile.rename(temporary, keras_path, overwrite=True)
 
     def serve(inputs):
         outputs = model(inputs, training=False)
@@ -132,9 +134,26 @@ def export_model(
     archive.add_endpoint(SERVING_ENDPOINT, serve, input_signature=signature)
     options = tf.saved_model.SaveOptions(experimental_io_device=io_device) if io_device else None
     temporary = rundir.temporary_name(saved_model_path)
-    archive.write_out(temporary, options=options, verbose=False)
-    _replace_directory(temporary, saved_model_path)
+    with _removed_on_failure(temporary):
+        archive.write_out(temporary, options=options, verbose=False)
+        _replace_directory(temporary, saved_model_path)
     return {"keras": keras_path, "saved_model": saved_model_path}
+
+
+@contextlib.contextmanager
+def _removed_on_failure(temporary: str):
+    """A write that fails (a full disk, an error in the model's code) leaves no temporary behind."""
+    import tensorflow as tf
+
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(Exception):
+            if tf.io.gfile.isdir(temporary):
+                tf.io.gfile.rmtree(temporary)
+            elif tf.io.gfile.exists(temporary):
+                tf.io.gfile.remove(temporary)
+        raise
 
 
 def _replace_directory(source: str, target: str) -> None:

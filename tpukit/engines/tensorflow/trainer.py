@@ -99,6 +99,8 @@ class TrainingGuard(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         if threading.current_thread() is threading.main_thread():
             for number in (signal.SIGTERM, signal.SIGINT):
+                if signal.getsignal(number) is signal.SIG_IGN:
+                    continue  # ignored on purpose (`nohup`, a job started with `&`): it stays ignored
                 self._previous_handlers[number] = signal.signal(number, self._on_signal)
         self._agree = cluster.any_worker_function(self.model.distribute_strategy)
 
