@@ -299,3 +299,22 @@ def test_an_ignored_ctrl_c_stays_ignored_during_training(tmp_path):
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_a_run_whose_lease_was_taken_over_stops_without_writing_more(tmp_path):
+    class TakenOver(
+        keras.callbacks.Callback
+    ):  # what the lease's heartbeat thread records when it finds another
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 3:
+                rundir._LOST.append(
+                    (str(tmp_path), rundir.Holder(**{**rundir.Holder.me().__dict__, "pid": 7}))
+                )
+
+    try:
+        with pytest.raises(rundir.LeaseLostError, match="without writing anything more there"):
+            run(recipe(), str(tmp_path), callbacks=[TakenOver()])
+    finally:
+        rundir._LOST.clear()
+    assert _checkpoints(tmp_path) == ["checkpoint", "ckpt-0.data-00000-of-00001", "ckpt-0.index"]
+    assert not (tmp_path / "metrics.json").exists() and not (tmp_path / "model.keras").exists()

@@ -201,6 +201,32 @@ def test_mounts_whose_locks_other_hosts_cannot_see_get_a_lease(directory, reason
     assert rundir.flock_is_local_only(directory, MOUNTS) == reason
 
 
+def test_the_later_of_two_mounts_on_one_point_decides():
+    mounts = (
+        "systemd-1 /mnt/shared autofs rw 0 0\nsrv:/export /mnt/shared nfs rw,vers=3,nolock 0 0\n"
+    )
+    assert (
+        rundir.flock_is_local_only("/mnt/shared/runs", mounts)
+        == "/mnt/shared is mounted with nolock"
+    )
+
+
+def test_a_lease_of_another_container_with_the_same_host_and_pid_is_not_ours(tmp_path):
+    me = Holder.me()
+    twin = Holder(**{**me.__dict__, "token": "another-run"})
+    assert me.same_run(me) and not me.same_run(twin)
+
+
+def test_a_lost_lease_stops_training_without_writing(tmp_path):
+    rundir._LOST.append((str(tmp_path), Holder(**{**Holder.me().__dict__, "pid": 4242})))
+    try:
+        with pytest.raises(rundir.LeaseLostError, match="taken over by another run .pid 4242"):
+            rundir.check_leases()
+    finally:
+        rundir._LOST.clear()
+    rundir.check_leases()  # nothing lost: no error
+
+
 def test_a_lease_holder_that_lost_its_lease_stops(tmp_path, caplog):
     lock = RunLock(str(tmp_path), lease=True, heartbeat=0.05)
     stopped = []
@@ -223,14 +249,22 @@ def test_a_lease_holder_that_lost_its_lease_stops(tmp_path, caplog):
 def test_a_temporary_of_a_live_writer_is_left_alone(tmp_path):
     process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        live = tmp_path / f"eval_metrics{rundir.TEMPORARY_MARK}{process.pid}-1.json"
+        live = (
+            tmp_path / f"eval_metrics{rundir.TEMPORARY_MARK}{process.pid}-1-{rundir._HOST_TAG}.json"
+        )
         live.write_text("{}")  # an evaluation writing now (it takes no lock)
+        elsewhere = tmp_path / f"metrics{rundir.TEMPORARY_MARK}999999-1-abcdef.json"
+        elsewhere.write_text(
+            "{}"
+        )  # another host's writer (a shared directory): its pid means nothing here
         assert rundir.clear_temporaries(LocalFiles(), str(tmp_path)) == []
-        assert live.exists()
+        assert live.exists() and elsewhere.exists()
     finally:
         process.kill()
         process.wait()
-    assert rundir.clear_temporaries(LocalFiles(), str(tmp_path)) == [live.name]
+    assert rundir.clear_temporaries(LocalFiles(), str(tmp_path)) == [
+        live.name
+    ]  # its writer is gone
 
 
 def test_unfinished_checkpoint_saves_are_cleared(tmp_path):

@@ -30,9 +30,11 @@ import contextlib
 import dataclasses
 import datetime
 import errno
+import hashlib
 import json
 import logging
 import os
+import secrets
 import shutil
 import socket
 import sys
@@ -52,6 +54,28 @@ TEMPORARY_MARK = ".tpukit-tmp-"
 
 class RunLockedError(RuntimeError):
     """Another run holds the output directory. The message names it (host, pid, start time) and the way forward."""
+
+
+class LeaseLostError(RunLockedError):
+    """Another run took over this run's lease (its heartbeat was missing too long, or `--break_lock`): this run
+    stopped without writing anything more into the directory, which is the other run's now."""
+
+
+# Leases this process held and lost: the trainer checks after every execution (`check_leases`) and stops.
+_LOST: list[tuple[str, Holder]] = []
+
+
+def check_leases() -> None:
+    """Raises LeaseLostError when a lease of this process was taken over; cheap enough to call every step."""
+    if _LOST:
+        directory, holder = _LOST[0]
+        raise LeaseLostError(
+            f"{directory} was taken over by another run ({holder.describe()}) while this one trained: its "
+            "lease was not refreshed for too long, or that run was started with --break_lock. This run stopped "
+            "without writing anything more there (the steps since its last checkpoint are lost), and that "
+            "directory belongs to the other run now. Fix: let that run finish, or stop it and rerun this command "
+            "to resume from the newest checkpoint."
+        )
 
 
 def is_remote(path: str) -> bool:
@@ -107,8 +131,13 @@ def temporary_name(path: str) -> str:
     stem, extension = os.path.splitext(tail)
     # The extension is kept last: Keras' `model.save` insists on a path ending in `.keras`.
     return os.path.join(
-        head, f"{stem}{TEMPORARY_MARK}{os.getpid()}-{threading.get_ident()}{extension}"
+        head,
+        f"{stem}{TEMPORARY_MARK}{os.getpid()}-{threading.get_ident()}-{_HOST_TAG}{extension}",
     )
+
+
+# Which host wrote a temporary (its pid means something only there): a short hash of the host name.
+_HOST_TAG = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:6]
 
 
 def write_text(files, path: str, text: str) -> None:
@@ -149,9 +178,12 @@ def _writer_alive(name: str) -> bool:
     """Whether the process that named this temporary (`temporary_name`: its pid follows the mark) still runs on
     this host: an evaluation (which takes no lock) may be writing it right now."""
     try:
-        pid = int(name.split(TEMPORARY_MARK, 1)[1].split("-", 1)[0])
+        pid, _, rest = name.split(TEMPORARY_MARK, 1)[1].partition("-")
+        pid, host = int(pid), rest.split("-")[1][:6]
     except (IndexError, ValueError):
         return False
+    if host != _HOST_TAG:
+        return True  # another host's writer (a shared directory): its pid cannot be checked here
     if pid == os.getpid():
         return False
     try:
@@ -228,6 +260,8 @@ class Holder:
     started: str  # ISO 8601, UTC
     command: str
     heartbeat: float = 0.0  # time.time() of the last refresh (leases only)
+    # Random per run: two containers sharing a host name and pid (hostNetwork, pid 1) are still told apart.
+    token: str = ""
 
     @classmethod
     def me(cls) -> Holder:
@@ -237,6 +271,14 @@ class Holder:
             started=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             command=" ".join(sys.argv)[:300] or sys.executable,
             heartbeat=time.time(),
+            token=secrets.token_hex(8),
+        )
+
+    def same_run(self, other: Holder | None) -> bool:
+        return other is not None and (other.host, other.pid, other.token) == (
+            self.host,
+            self.pid,
+            self.token,
         )
 
     @classmethod
@@ -268,7 +310,7 @@ _NO_FLOCK = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
 # File systems where a successful flock may be local to this host (FUSE mounts such as gcsfuse, SMB, 9p), and NFS
 # mount options that make it so: the kernel grants the lock here and another host never sees it.
 _LOCAL_ONLY_FLOCK_TYPES = ("fuse", "cifs", "smb", "9p", "vboxsf", "virtiofs")
-_LOCAL_ONLY_FLOCK_OPTIONS = ("nolock", "local_lock=all", "local_lock=flock", "nobrl")
+_LOCAL_ONLY_FLOCK_OPTIONS = ("nolock", "local_lock=all", "local_lock=flock", "nobrl", "localflock")
 
 
 def flock_is_local_only(directory: str, mounts: str | None = None) -> str | None:
@@ -290,7 +332,8 @@ def flock_is_local_only(directory: str, mounts: str | None = None) -> str | None
             continue
         point = fields[1].replace("\\040", " ")  # /proc/mounts escapes a space as \040
         inside = path == point or path.startswith(point.rstrip("/") + "/")
-        if inside and (best is None or len(point) > len(best[0])):
+        # >=: of two mounts on one point (autofs, then the NFS it mounts) the later line is the one in effect
+        if inside and (best is None or len(point) >= len(best[0])):
             best = (point, fields[2], fields[3].split(","))
     if best is None:
         return None
@@ -340,7 +383,7 @@ class RunLock:
         self.holder: Holder | None = None
         self.lost: Holder | None = None  # the run that took a lease over from this one
         # Called (from the heartbeat thread) when the lease is lost: stops the run as SIGTERM does (saving its step).
-        self.on_lost = _stop_this_process
+        self.on_lost = lambda: _LOST.append((self.directory, self.lost))
         self._fd: int | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -447,17 +490,19 @@ class RunLock:
         while not self._stop.wait(self.heartbeat):
             try:
                 current = Holder.parse(self.files.read_text(self.path))
-                if current is not None and (current.host, current.pid) != (me.host, me.pid):
+                if current is not None and not me.same_run(current):
                     self.lost = current
                     logger.error(
                         "tpukit: the lease of %s was taken over by %s (this run's heartbeat was missing for too "
-                        "long, or --break_lock): stopping this run as on SIGTERM",
+                        "long, or --break_lock): stopping this run without writing more there",
                         self.directory,
                         current.describe(),
                     )
                     if self.on_lost is not None:
                         self.on_lost()
                     return
+                if self._stop.is_set():
+                    return  # released meanwhile: a write now would put back a lease nobody holds
                 me.heartbeat = time.time()
                 write_text(self.files, self.path, json.dumps(dataclasses.asdict(me)))
             except Exception as error:  # noqa: BLE001 - retried at the next beat; staleness takes 5 of them
@@ -494,7 +539,7 @@ class RunLock:
             return
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=5)
+            self._thread.join(timeout=60)  # a beat in flight on a slow store finishes first
         try:
             if self._fd is not None:
                 # Unlinked while still locked: a run waiting on this file sees the inode change and retries.
@@ -505,20 +550,11 @@ class RunLock:
                 current = None
                 with contextlib.suppress(Exception):
                     current = Holder.parse(self.files.read_text(self.path))
-                if current is not None and (current.host, current.pid) == (
-                    self.holder.host,
-                    self.holder.pid,
-                ):
+                if self.holder.same_run(current):
                     self.files.remove(self.path)
         finally:
             self._fd = None
             self.holder = None
-
-
-def _stop_this_process() -> None:
-    import signal
-
-    os.kill(os.getpid(), signal.SIGTERM)  # the trainer saves the step in flight and stops
 
 
 def append_history(files, directory: str, record: dict) -> None:

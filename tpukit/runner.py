@@ -130,9 +130,8 @@ def _recipe_changes(engine, recipe, the_plan: Plan, found, accept_changes) -> di
         None,
     )
     changes.update(changes_lib.precision_change(trained, the_plan.precision))
-    accepted = changes_lib.check_changes(changes, accept_changes, output_dir, found.newest_step)
-    changes_lib.check_precision(accepted, output_dir)
-    return accepted
+    changes_lib.check_precision(changes, output_dir)  # first: accepting it would not help
+    return changes_lib.check_changes(changes, accept_changes, output_dir, found.newest_step)
 
 
 def _files(engine, output_dir: str):

@@ -127,10 +127,10 @@ def precision_change(trained: str | None, now: str) -> dict[str, tuple[Any, Any]
     return {"runtime.precision": (trained, now)}
 
 
-def check_precision(accepted: dict[str, tuple[Any, Any]], output_dir: str) -> None:
+def check_precision(changes: dict[str, tuple[Any, Any]], output_dir: str) -> None:
     """mixed_float16 wraps the optimizer in a loss-scale optimizer whose state is in the checkpoint: a run cannot
     switch to or from it, accepted or not."""
-    change = accepted.get("runtime.precision")
+    change = changes.get("runtime.precision")
     if change and "mixed_float16" in change:
         raise RecipeError(
             f"{output_dir} was trained with precision {change[0]}, and this run resolves {change[1]}: a "

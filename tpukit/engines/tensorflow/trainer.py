@@ -34,6 +34,7 @@ import time
 
 import keras
 
+from tpukit import rundir
 from tpukit.engines.tensorflow import checkpoint as checkpoint_lib
 from tpukit.engines.tensorflow import cluster, keras_private
 
@@ -132,6 +133,8 @@ class TrainingGuard(keras.callbacks.Callback):
         self._save()
 
     def on_train_batch_end(self, batch, logs=None):
+        # A lease taken over by another run (gs://, shared mounts): stop at once, writing nothing more there.
+        rundir.check_leases()
         step = self.checkpointer.step
         loss = (logs or {}).get("loss")
         if loss is not None and not math.isfinite(float(loss)):
