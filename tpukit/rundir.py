@@ -157,17 +157,38 @@ def write_text(files, path: str, text: str) -> None:
 def clear_temporaries(files, directory: str) -> list[str]:
     """Removes files that writers killed mid-write left in `directory` (see `temporary_name`); call it only while
     holding the directory's lock. Returns the names removed."""
+    return _clear(
+        files,
+        directory,
+        lambda name: TEMPORARY_MARK in name and not _writer_alive(name),
+        "unfinished write(s) left by a stopped run",
+    )
+
+
+def clear_unfinished_checkpoints(files, checkpoint_dir: str) -> list[str]:
+    """Removes the `ckpt-N_temp` directories TensorFlow writes a checkpoint into before renaming it, left behind
+    when a save was killed (SIGKILL, a second Ctrl-C); call it only while holding the run directory's lock."""
+    return _clear(
+        files,
+        checkpoint_dir,
+        lambda name: name.startswith("ckpt-") and "_temp" in name,
+        "unfinished checkpoint save(s)",
+    )
+
+
+def _clear(files, directory: str, leftover, what: str) -> list[str]:
     removed = []
     for name in files.listdir(directory):
-        if TEMPORARY_MARK in name and not _writer_alive(name):
+        if leftover(name):
             path = os.path.join(directory, name)
             with contextlib.suppress(Exception):
                 files.rmtree(path) if files.isdir(path) else files.remove(path)
                 removed.append(name)
     if removed:
         logger.info(
-            "tpukit: removed %d unfinished write(s) left by a stopped run in %s: %s",
+            "tpukit: removed %d %s in %s: %s",
             len(removed),
+            what,
             directory,
             ", ".join(sorted(removed)),
         )
@@ -175,8 +196,8 @@ def clear_temporaries(files, directory: str) -> list[str]:
 
 
 def _writer_alive(name: str) -> bool:
-    """Whether the process that named this temporary (`temporary_name`: its pid follows the mark) still runs on
-    this host: an evaluation (which takes no lock) may be writing it right now."""
+    """Whether the process that named this temporary (`temporary_name`: its pid and host follow the mark) may
+    still be writing it: an evaluation (which takes no lock) may be, right now."""
     try:
         pid, _, rest = name.split(TEMPORARY_MARK, 1)[1].partition("-")
         pid, host = int(pid), rest.split("-")[1][:6]
@@ -184,8 +205,11 @@ def _writer_alive(name: str) -> bool:
         return False
     if host != _HOST_TAG:
         return True  # another host's writer (a shared directory): its pid cannot be checked here
-    if pid == os.getpid():
-        return False
+    return pid != os.getpid() and _pid_alive(pid)
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether process `pid` exists on this host (another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -193,26 +217,6 @@ def _writer_alive(name: str) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def clear_unfinished_checkpoints(files, checkpoint_dir: str) -> list[str]:
-    """Removes the `ckpt-N_temp` directories TensorFlow writes a checkpoint into before renaming it, left behind
-    when a save was killed (SIGKILL, a second Ctrl-C); call it only while holding the run directory's lock."""
-    removed = []
-    for name in files.listdir(checkpoint_dir):
-        if name.startswith("ckpt-") and "_temp" in name:
-            path = os.path.join(checkpoint_dir, name)
-            with contextlib.suppress(Exception):
-                files.rmtree(path) if files.isdir(path) else files.remove(path)
-                removed.append(name)
-    if removed:
-        logger.info(
-            "tpukit: removed %d unfinished checkpoint save(s) in %s: %s",
-            len(removed),
-            checkpoint_dir,
-            ", ".join(sorted(removed)),
-        )
-    return removed
 
 
 def read_json(files, path: str) -> Any | None:
@@ -295,15 +299,7 @@ class Holder:
         return f"pid {self.pid} on host {self.host!r}, started {self.started} ({self.command!r})"
 
     def on_this_host_and_gone(self) -> bool:
-        if self.host != socket.gethostname():
-            return False
-        try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:
-            return False  # it exists, as another user's process
-        return False
+        return self.host == socket.gethostname() and not _pid_alive(self.pid)
 
 
 _NO_FLOCK = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
