@@ -96,6 +96,12 @@ def start_workers(log_dir, args_for, count: int = 2, timeout: int = 300, env_for
                 log,
             )
         )
+    return finish_processes(processes, timeout)
+
+
+def finish_processes(processes, timeout: int) -> list[int]:
+    """Waits for `(process, log file)` pairs up to `timeout` seconds each, kills what is left, closes the logs and
+    returns the exit codes."""
     try:
         for process, _ in processes:
             process.wait(timeout=timeout)

@@ -23,7 +23,7 @@ from unittest import mock
 
 import pytest
 import tensorflow as tf
-from helpers import REPO, free_ports, run_cli, train_in_process
+from helpers import REPO, finish_processes, free_ports, run_cli, train_in_process
 
 from tpukit.engines.tensorflow import strategy as strategy_lib
 from tpukit.engines.tensorflow import waiting
@@ -546,26 +546,15 @@ def _start_worker(index, workers, output_dir, log_path, *extra):
     return subprocess.Popen(command, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT), log
 
 
-def _finish(processes, timeout):
-    try:
-        for process, _ in processes:
-            process.wait(timeout=timeout)
-    finally:
-        for process, log in processes:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-            log.close()
-    return [process.returncode for process, _ in processes]
-
-
 @pytest.mark.cluster
 def test_a_worker_whose_peer_never_starts_exits_1_naming_it_then_the_same_command_trains(tmp_path):
     workers = [f"127.0.0.1:{port}" for port in free_ports(2)]
     output_dir = tmp_path / "run"
     timeout = ("--set", "runtime.workers_timeout_seconds=10")
     started = time.monotonic()
-    codes = _finish([_start_worker(0, workers, output_dir, tmp_path / "alone.log", *timeout)], 120)
+    codes = finish_processes(
+        [_start_worker(0, workers, output_dir, tmp_path / "alone.log", *timeout)], 120
+    )
     took = time.monotonic() - started
     log = (tmp_path / "alone.log").read_text()
     assert codes == [1], log[-3000:]
@@ -585,7 +574,7 @@ def test_a_worker_whose_peer_never_starts_exits_1_naming_it_then_the_same_comman
     first = _start_worker(0, workers, output_dir, tmp_path / "worker0.log", *timeout)
     time.sleep(3)
     second = _start_worker(1, workers, output_dir, tmp_path / "worker1.log", *timeout)
-    codes = _finish([first, second], 600)
+    codes = finish_processes([first, second], 600)
     logs = [(tmp_path / f"worker{i}.log").read_text() for i in range(2)]
     assert codes == [0, 0], logs[0][-3000:] + logs[1][-3000:]
     assert "all 2 workers of the TF_CONFIG cluster are up" in logs[0]
