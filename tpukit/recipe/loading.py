@@ -89,9 +89,10 @@ def apply_override(raw: dict[str, Any], override: str, path: str) -> None:
     section, _, key = dotted.strip().partition(".")
     # The argument as typed, shortened: a message never echoes megabytes.
     shown = _clip(repr(override))
-    if section not in SECTIONS or not key or "." in key:
+    if section not in SECTIONS or not key or not all(key.split(".")):
         raise RecipeError(
-            f"--set {shown}: the key must be section.key with section one of {', '.join(SECTIONS)}; "
+            f"--set {shown}: the key must be section.key (or section.key.subkey for a mapping such as "
+            f"runtime.mesh.model) with section one of {', '.join(SECTIONS)}; "
             f"received {_clip(repr(dotted))}. Fix: e.g. --set data.global_batch_size=256."
         )
     name = f"{section}.{_clip(key)}"
@@ -118,7 +119,20 @@ def apply_override(raw: dict[str, Any], override: str, path: str) -> None:
             f"{path}: --set {shown}: section {section} must be a mapping of keys; received "
             f"{_show(raw[section])}. Fix: write `{section}:` followed by indented `key: value` lines."
         )
-    raw[section][key] = value  # unknown keys are rejected by from_dict with the valid names
+    *parents, leaf = key.split(".")
+    target = raw[section]
+    for depth, part in enumerate(parents):
+        # A mapping key (runtime.mesh.model=4): a missing or `auto`/null value becomes a mapping of its keys.
+        if target.get(part) is None or target.get(part) == "auto":
+            target[part] = {}
+        if not isinstance(target[part], dict):
+            where = ".".join([section, *parents[: depth + 1]])
+            raise RecipeError(
+                f"{path}: --set {shown}: {where} is {_show(target[part])}, not a mapping, so it has no key "
+                f"{leaf!r}. Fix: set {where} itself, e.g. --set {where}=...."
+            )
+        target = target[part]
+    target[leaf] = value  # unknown keys are rejected by from_dict with the valid names
 
 
 class _ShapeError(Exception):

@@ -198,6 +198,19 @@ class RuntimeConfig:
     # within seconds, not at the timeout.
     tpu_timeout_seconds: float = 600.0
     workers_timeout_seconds: float = 1800.0
+    # Who trains: tensorflow (tf.distribute + Keras' TensorFlow trainer) or jax (Keras on JAX with
+    # keras.distribution: data and model parallelism). The backend is fixed when Keras is first imported: the CLI sets
+    # it from this key; in Python set KERAS_BACKEND=jax (or call tpukit.use_engine("jax")) before importing tpukit.
+    engine: Literal["tensorflow", "jax"] = "tensorflow"
+    # The device mesh: `data` devices split the batch, `model` devices split each sharded weight (the jax engine
+    # only). data: auto = every device not on the model axis. `mesh: auto` is {data: auto, model: 1}.
+    mesh: dict[str, int | Literal["auto"]] | Literal["auto"] = dataclasses.field(
+        default_factory=lambda: {"data": "auto", "model": 1}
+    )
+    # Which weights shard on the `model` axis: {regex matched whole against a variable's path: [an axis name or null
+    # per dimension]}, e.g. {".*mlp_in/kernel": [null, model]}. null: the built-in model's default layout (a model
+    # without one stays replicated). Every entry must match a variable.
+    layout: dict[str, tuple[Literal["model", "data"] | None, ...]] | None = None
 
     def __post_init__(self):
         _validate_runtime(self)
@@ -796,12 +809,47 @@ def _validate_runtime(config: RuntimeConfig) -> None:
         _in_range(f"runtime.{key}", getattr(config, key), 1.0, 7 * 86400.0, example=600)
     if config.verbose != "auto":
         _in_range("runtime.verbose", config.verbose, 0, 2, example="auto")
+    config.mesh = _mesh(config.mesh)
+    if config.layout is not None:
+        for pattern in config.layout:
+            try:
+                re.compile(pattern)
+            except re.error as error:
+                raise RecipeError(
+                    f"runtime.layout key {_show(pattern)} is not a regular expression ({error}). Fix: e.g. "
+                    '".*mlp_in/kernel" (matched whole against a variable path such as block0/mlp_in/kernel).'
+                ) from None
     steps = config.profile_steps
     if steps is not None and (len(steps) != 2 or not 0 < steps[0] <= steps[1] <= INT32_MAX):
         raise RecipeError(
             f"runtime.profile_steps must be [first, last] with 0 < first <= last; received {_show(list(steps))}. "
             "Fix: e.g. profile_steps: [10, 20]."
         )
+
+
+MESH_AXES = ("data", "model")
+
+
+def _mesh(value) -> dict[str, int | str]:
+    """`runtime.mesh` as {data: int | "auto", model: int}: missing axes take their defaults."""
+    if value == "auto":
+        value = {}
+    unknown = sorted(set(value) - set(MESH_AXES))
+    if unknown:
+        raise RecipeError(
+            f"runtime.mesh has no axis {unknown[0]!r}; received {_show(dict(value))}. Fix: name only the axes "
+            "data and model, e.g. mesh: {data: 2, model: 4} (or mesh: auto)."
+        )
+    mesh = {"data": value.get("data", "auto"), "model": value.get("model", 1)}
+    for axis in MESH_AXES:
+        if mesh[axis] == "auto" and axis == "data":
+            continue
+        if isinstance(mesh[axis], bool) or not isinstance(mesh[axis], int) or mesh[axis] < 1:
+            raise RecipeError(
+                f"runtime.mesh.{axis} must be a positive integer{' or auto' if axis == 'data' else ''}; received "
+                f"{_show(mesh[axis])}. Fix: e.g. --set runtime.mesh.{axis}={2 if axis == 'data' else 1}."
+            )
+    return mesh
 
 
 # --------------------------------------------------------------------------------------------------------------
