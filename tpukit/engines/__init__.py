@@ -2,8 +2,9 @@
 distribution, train, evaluate, export. Only engines touch `tf.distribute`, `keras.distribution` or private
 Keras/TensorFlow internals (import-linter contracts in setup.cfg).
 
-Today there is one: `tensorflow` (tf.distribute strategies and Keras' TensorFlow trainer). A second engine (Keras
-on JAX with `keras.distribution`) implements the same functions as `tpukit.engines.tensorflow` and is named here.
+Two: `tensorflow` (tf.distribute strategies and Keras' TensorFlow trainer) and `jax` (Keras on JAX with
+`keras.distribution`: data and model parallelism over a device mesh). Both implement the same functions; the
+recipe's `runtime.engine` picks one, and Keras' backend (fixed when Keras is first imported) must be that engine's.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ ENGINES = {
         "tpukit.engines.tensorflow.compat:check_tensorflow",
         "tpukit.engines.tensorflow.engine",
     ),
+    "jax": ("tpukit.engines.jax.compat:check_jax", "tpukit.engines.jax.engine"),
 }
 
 
