@@ -78,12 +78,13 @@ def make_plan(
     A directory that holds a trained run is resumed only with the recipe it was trained with, apart from the keys
     named in `accept_changes` (and those that change nothing trained: `tpukit.planner.changes.FREE`).
     """
-    engine = engines.get("tensorflow")
     recipe.validate()
+    engine = engines.get(recipe.runtime.engine)
     evaluating = planner.check_request(recipe, mode, checkpoint)
     planner.check_output_dir(output_dir, mode)
     changes_lib.check_accepted_names(accept_changes)
     hardware = engine.hardware(recipe, strategy, output_dir)
+    planner.check_mesh(recipe, hardware)  # before the data is counted: it needs only the engine
     output_dir = planner.worker_output_dir(hardware.worker, output_dir)
     if _on_task_dir is not None:
         _on_task_dir(
@@ -175,7 +176,8 @@ def run(
         tpukit.engines.tensorflow.trainer.TrainingDivergedError: the loss stayed non-finite after
             `train.max_nan_retries` rollbacks.
     """
-    engine = engines.get("tensorflow")
+    recipe.validate()
+    engine = engines.get(recipe.runtime.engine)
     files = _files(engine, output_dir)
     lock: rundir.RunLock | None = None
 
@@ -249,6 +251,7 @@ def _record_start(files, the_plan: Plan, holder: rundir.Holder) -> None:
             "command": holder.command,
             "tpukit": __version__,
             "mode": the_plan.mode,
+            "engine": the_plan.engine,
             "precision": the_plan.precision,
             "resumed_from_step": the_plan.resume_step,
             "accepted_changes": {k: list(v) for k, v in the_plan.accepted_changes.items()},

@@ -30,7 +30,8 @@ class Hardware:
     """What an engine found on this machine: everything the planner needs to know about it."""
 
     engine: str  # the engine that found it ("tensorflow")
-    kind: str  # "tpu", "multi_worker", "mirrored", "one_device" or "default"
+    # tensorflow: "tpu", "multi_worker", "mirrored", "one_device" or "default"; jax: "jax_tpu", "jax_gpu", "jax_cpu"
+    kind: str
     replicas: int
     input_pipelines: int  # hosts that each run an input pipeline
     worker: str | None = (
@@ -44,6 +45,8 @@ class Hardware:
     handle: Any = dataclasses.field(
         default=None, repr=False, compare=False
     )  # the engine's strategy object
+    # The device mesh the engine trains on: {"data": n, "model": m} (the jax engine; None: a tf.distribute strategy)
+    mesh: dict | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,6 +138,7 @@ class Plan:
     labels: Any = dataclasses.field(default=None, repr=False, compare=False)  # `DataFacts.labels`
     # Keys whose change since the run's recipe.yaml was accepted on resume: {key: (old, new)} (`changes.py`)
     accepted_changes: dict = dataclasses.field(default_factory=dict, compare=False)
+    mesh: dict | None = None  # `Hardware.mesh`
 
     @property
     def evaluating(self) -> bool:
@@ -157,7 +161,12 @@ class Plan:
         """The plan as the block the CLI logs once."""
         lines = [
             f"recipe {self.recipe.path}, mode {self.mode}, engine {self.engine}",
-            f"strategy {self.strategy_kind}: {self.replicas} replica(s), {self.input_pipelines} input pipeline(s)",
+            f"strategy {self.strategy_kind}: {self.replicas} replica(s), {self.input_pipelines} input pipeline(s)"
+            + (
+                f", mesh data {self.mesh['data']} x model {self.mesh['model']}"
+                if self.mesh
+                else ""
+            ),
             f"global batch {self.global_batch_size} = {self.replicas} replica(s) x {self.per_replica_batch_size} "
             f"per replica; eval global batch {self.eval_global_batch_size}",
             f"{self.steps_per_epoch} steps per epoch over {self.train_examples} examples, {self.total_steps} steps in all; "
@@ -250,7 +259,7 @@ def check_input_paths(recipe: Recipe, hardware: Hardware) -> None:
     """On a TPU whose input runs on other hosts (a multi-host slice, or a remote TPU Node's host), a source that
     reads local files is a recipe error before training (the rule `python -m tpukit.check` reports)."""
     remote = hardware.io_device is not None
-    if hardware.kind != "tpu" or not (hardware.input_pipelines > 1 or remote):
+    if hardware.kind not in ("tpu", "jax_tpu") or not (hardware.input_pipelines > 1 or remote):
         return
     per_host = max(hardware.replicas // hardware.input_pipelines, 1)
     target = Target("this TPU", hardware.replicas, hardware.input_pipelines, per_host, 0.0, remote)
@@ -323,6 +332,28 @@ def check_accumulation(recipe: Recipe, hardware: Hardware) -> None:
         )
 
 
+def check_mesh(recipe: Recipe, hardware: Hardware) -> None:
+    """`runtime.mesh` against the engine: a `model` axis needs the jax engine (TensorFlow cannot shard a Keras 3
+    model's weights: `keras.distribution.ModelParallel` is ignored on its backend), and on the tensorflow engine a
+    `data` size must be the strategy's replica count."""
+    mesh = recipe.runtime.mesh
+    if hardware.engine == "jax":
+        return  # the jax engine sized its mesh from this key (`Hardware.mesh`)
+    if mesh["model"] > 1:
+        raise RecipeError(
+            f"{recipe.path}: runtime.mesh.model={mesh['model']} splits weights over {mesh['model']} devices, which "
+            f"only the jax engine can do (on the {hardware.engine} engine Keras ignores model parallelism: the "
+            "weights would stay whole on every device). Fix: --set runtime.engine=jax (pip install "
+            '"tpukit[jax]"), or --set runtime.mesh.model=1.'
+        )
+    if mesh["data"] != "auto" and mesh["data"] != hardware.replicas:
+        raise RecipeError(
+            f"{recipe.path}: runtime.mesh.data={mesh['data']}, but the {hardware.engine} engine's {hardware.kind} "
+            f"strategy has {hardware.replicas} replica(s) and uses them all. Fix: --set runtime.mesh.data=auto, or "
+            "--set runtime.engine=jax to train on a chosen number of devices."
+        )
+
+
 def worker_output_dir(worker: str | None, output_dir: str) -> str:
     """Where this task writes: `output_dir`, or `output_dir/workerN` for a non-chief multi-worker task (`worker`,
     `Hardware.worker`)."""
@@ -345,6 +376,7 @@ def decide(
     checkpoint_dir = os.path.join(output_dir, "checkpoints")
     check_checkpoint(mode, checkpoint, checkpoint_dir, checkpoints)
     check_input_paths(recipe, hardware)
+    check_mesh(recipe, hardware)
     steps_per_epoch = check_batch_sizes(recipe, hardware.replicas, data.train_examples)
     total_steps = steps_per_epoch * recipe.train.epochs
     _check_steps_per_execution(recipe, hardware, steps_per_epoch)
@@ -393,4 +425,5 @@ def decide(
         worker=hardware.worker,
         engine=hardware.engine,
         labels=data.labels,
+        mesh=hardware.mesh,
     )

@@ -27,15 +27,15 @@ def choose_precision(
 ) -> Decision:
     """The Keras dtype policy name for `requested` ('auto' or a policy) on a strategy `kind`."""
     if requested != "auto":
-        if requested == "mixed_bfloat16" and kind == "default":
+        if requested == "mixed_bfloat16" and kind in ("default", "jax_cpu"):
             logger.warning(
                 "tpukit: mixed_bfloat16 on a CPU was 2-15x slower than float32 in our measurements "
                 "(benchmarks/precision_xla.py); runtime.precision: auto picks float32 there"
             )
         return Decision(requested, "set in the recipe")
-    if kind == "tpu":
+    if kind in ("tpu", "jax_tpu"):
         return Decision("mixed_bfloat16", "TPUs compute in bfloat16 natively")
-    if kind in ("one_device", "mirrored", "multi_worker"):
+    if kind in ("one_device", "mirrored", "multi_worker", "jax_gpu"):
         capability = compute_capability  # found by the engine (`Hardware.gpu_compute_capability`)
         if capability is not None:
             if tuple(capability) >= (8, 0):
@@ -63,6 +63,10 @@ def choose_jit_compile(requested, kind: str, replicas: int) -> Decision:
             f"runtime.jit_compile: true does not work with {kind} strategies over {replicas} replicas in Keras 3 "
             "(one XLA cluster cannot touch another device's variables). Fix: set runtime.jit_compile: auto."
         )
+    if kind.startswith("jax_"):
+        if requested is False:
+            return Decision(False, "set in the recipe (Keras then runs JAX op by op: for debugging only)")
+        return Decision(True, "Keras on JAX compiles every step with XLA (jax.jit)")
     if requested != "auto":
         return Decision(bool(requested), "set in the recipe")
     if kind == "tpu":

@@ -154,6 +154,16 @@ class Checkpointer:
         """Steps of data consumed: the step plus the batches skipped after NaN rollbacks."""
         return self.step + int(self.state.skipped_steps.numpy())
 
+    def all_finite(self, variables) -> bool:
+        """Whether `variables` hold only finite values (the trainer never checkpoints weights that do not)."""
+        return all_finite(variables)
+
+    def agreement(self, model):
+        """`agree(flag) -> bool` across a multi-worker cluster's workers (`cluster.any_worker_function`), or None."""
+        from tpukit.engines.tensorflow import cluster
+
+        return cluster.any_worker_function(model.distribute_strategy)
+
     def candidates(self) -> list[str]:
         """Checkpoint prefixes in the directory, newest first: the manager's list, and any other `ckpt-N.index`
         (the manager's state file is itself a file that a crash or a disk can damage)."""

@@ -126,7 +126,22 @@ def _compiled(
 
 
 def _probe_steps_per_execution(the_plan: Plan) -> int:
-    """Times a few steps of a throwaway copy of the model (one step per call) and returns `loop.auto_...`'s pick.
+    def probe_model():
+        return _compiled(
+            the_plan.recipe,
+            the_plan.strategy,
+            the_plan.steps_per_epoch,
+            the_plan.jit_compile,
+            1,
+            labels=the_plan.labels,
+        )
+
+    return probe_steps_per_execution(the_plan, probe_model, _train_dataset)
+
+
+def probe_steps_per_execution(the_plan: Plan, probe_model, train_dataset) -> int:
+    """Times a few steps of a throwaway copy of the model (`probe_model()`, compiled with one step per call) on
+    `train_dataset(the_plan, spec)(0)` and returns `auto_steps_per_execution`'s pick. Both engines use it.
 
     The pick also divides the steps left in an interrupted epoch, so a resumed run keeps whole executions.
     """
@@ -145,12 +160,10 @@ def _probe_steps_per_execution(the_plan: Plan) -> int:
         the_plan.resume_step,
     )
     probe_steps = min(steps_per_epoch, 8)
-    model = _compiled(
-        recipe, the_plan.strategy, steps_per_epoch, the_plan.jit_compile, 1, labels=the_plan.labels
-    )
+    model = probe_model()
     timer = Timer()
     model.fit(
-        _train_dataset(the_plan, task.spec_of(model))(0),
+        train_dataset(the_plan, task.spec_of(model))(0),
         epochs=1,
         steps_per_epoch=probe_steps,
         verbose=0,
@@ -512,6 +525,7 @@ def report(session: Session, outcome, evaluation: dict, exported: dict) -> dict:
     step = session.checkpointer.step
     metrics = {
         "recipe": recipe.path,
+        "engine": NAME,
         "mode": the_plan.mode,
         "status": outcome.status,
         "strategy": type(the_plan.strategy).__name__,
@@ -558,12 +572,14 @@ _OUTPUT_FAILURES = (
 )
 
 
-def _output_failure(the_plan: Plan, error: BaseException) -> OutputDirError | None:
+def _output_failure(
+    the_plan: Plan, error: BaseException, newest_step=checkpoint_lib.newest_checkpoint_step
+) -> OutputDirError | None:
     text = f"{error}"
     reason = next((r for r in _OUTPUT_FAILURES if r in text), None)
     if reason is None:
         return None
-    step = checkpoint_lib.newest_checkpoint_step(the_plan.checkpoint_dir)
+    step = newest_step(the_plan.checkpoint_dir)
     return OutputDirError(
         f"cannot write to {the_plan.output_dir}: {reason} ({type(error).__name__}: {text.splitlines()[0][:200]}). "
         f"The checkpoints written before are kept (newest: step {step}). Fix: free space or make the directory "
@@ -590,21 +606,24 @@ def _label_range(the_plan: Plan, error: BaseException) -> RecipeError | None:
 
 
 @contextlib.contextmanager
-def explained(the_plan: Plan):
+def explained(the_plan: Plan, newest_step=checkpoint_lib.newest_checkpoint_step):
     """Errors met while building, training and evaluating: a corrupt record becomes a RecipeError naming the file
-    and record (checkpoints stay as they are); a known environment error gets its cause and fix attached."""
+    and record (checkpoints stay as they are); a known environment error gets its cause and fix attached.
+    `newest_step(checkpoint_dir)`: the engine's newest checkpoint, named when the output directory fails."""
 
     try:
         yield
     except Exception as error:
-        failure = _recipe_or_output_failure(the_plan, error)
+        failure = _recipe_or_output_failure(the_plan, error, newest_step)
         if failure is not None:
             raise failure from None
         diagnose.annotate(error)
         raise
 
 
-def _recipe_or_output_failure(the_plan: Plan, error: BaseException) -> Exception | None:
+def _recipe_or_output_failure(
+    the_plan: Plan, error: BaseException, newest_step=checkpoint_lib.newest_checkpoint_step
+) -> Exception | None:
     """The tpukit error that `error` means, or None: a corrupt record or a label beyond the model's classes
     (RecipeError), or an output directory that stopped taking writes (OutputDirError)."""
 
@@ -614,7 +633,7 @@ def _recipe_or_output_failure(the_plan: Plan, error: BaseException) -> Exception
         corrupt = data.explain_data_error(error, config.source, splits, config.options)
         if corrupt is not None:
             return RecipeError(f"{the_plan.recipe.path}: data: {corrupt}")
-        return _output_failure(the_plan, error) or _label_range(the_plan, error)
+        return _output_failure(the_plan, error, newest_step) or _label_range(the_plan, error)
     if isinstance(error, OSError):
-        return _output_failure(the_plan, error)
+        return _output_failure(the_plan, error, newest_step)
     return None

@@ -118,6 +118,20 @@ def export_model(
     with _removed_on_failure(temporary):
         model.save(temporary)
         tf.io.gfile.rename(temporary, keras_path, overwrite=True)
+    export_saved_model(model, output_dir, io_device=io_device, features=features, signature=signature)
+    return {"keras": keras_path, "saved_model": saved_model_path}
+
+
+def export_saved_model(
+    model, output_dir: str, *, io_device: str | None = None, features=None, signature=None
+) -> str:
+    """Writes the SavedModel `output_dir/saved_model/` (whole: a temporary name, then a rename); returns its path."""
+    import keras
+    import tensorflow as tf
+
+    if signature is None:
+        signature = _serving_signature(model, features)
+    saved_model_path = os.path.join(output_dir, SAVED_MODEL_DIRNAME)
 
     def serve(inputs):
         outputs = model(inputs, training=False)
@@ -137,7 +151,7 @@ def export_model(
     with _removed_on_failure(temporary):
         archive.write_out(temporary, options=options, verbose=False)
         _replace_directory(temporary, saved_model_path)
-    return {"keras": keras_path, "saved_model": saved_model_path}
+    return saved_model_path
 
 
 @contextlib.contextmanager
@@ -203,3 +217,24 @@ def load_serving(path: str, *, io_device: str | None = None, endpoint: str = SER
 
     serve.loaded = loaded  # the whole restored object, for its other endpoints and variables
     return serve
+
+
+def main(argv: list[str]) -> int:
+    """`python -m tpukit.engines.tensorflow.export MODEL.keras OUTPUT_DIR`: the SavedModel of a `.keras` file in
+    OUTPUT_DIR/saved_model (`model.keras` there is left as it is). The jax engine runs it in a TensorFlow-backend
+    process to export what it trained (TF 2.21 cannot load SavedModels that jax >= 0.11 exports through jax2tf)."""
+    os.environ["KERAS_BACKEND"] = "tensorflow"
+    import keras
+
+    import tpukit.models  # noqa: F401 - registers tpukit's layers for loading
+
+    keras_path, output_dir = argv
+    model = keras.saving.load_model(keras_path, compile=False)
+    export_saved_model(model, output_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))

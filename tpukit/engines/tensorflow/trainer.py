@@ -18,6 +18,9 @@ every N steps); this module adds the same around an unmodified `model.fit`:
 * early stopping's state and a finished early stop are kept in the checkpoint (`checkpoint.RunState`), so a
   restarted or re-run command neither restarts patience nor trains again.
 
+Both engines use it: the checkpointer (`checkpoint.Checkpointer` here, `tpukit.engines.jax.checkpoint.Checkpointer`
+there) says whether weights are finite and how the hosts of a cluster agree on a stop.
+
 All counting is in batches (`keras_private.batch_step`: `optimizer.iterations` counts updates under gradient
 accumulation), so it stays right when `steps_per_execution` > 1.
 """
@@ -35,8 +38,7 @@ import time
 import keras
 
 from tpukit import rundir
-from tpukit.engines.tensorflow import checkpoint as checkpoint_lib
-from tpukit.engines.tensorflow import cluster, keras_private
+from tpukit.engines.tensorflow import keras_private
 
 logger = logging.getLogger("tpukit")
 
@@ -103,7 +105,7 @@ class TrainingGuard(keras.callbacks.Callback):
                 if signal.getsignal(number) is signal.SIG_IGN:
                     continue  # ignored on purpose (`nohup`, a job started with `&`): it stays ignored
                 self._previous_handlers[number] = signal.signal(number, self._on_signal)
-        self._agree = cluster.any_worker_function(self.model.distribute_strategy)
+        self._agree = self.checkpointer.agreement(self.model)
 
     def on_train_end(self, logs=None):
         self._restore_handlers()
@@ -119,7 +121,7 @@ class TrainingGuard(keras.callbacks.Callback):
         callbacks); returns False (and stops) when the weights are not finite."""
         if self.checkpointer.step == self.checkpointer.last_saved_step and not again:
             return True
-        if not checkpoint_lib.all_finite(self.model.weights):
+        if not self.checkpointer.all_finite(self.model.weights):
             # The loss of this execution was finite, but the update that followed it was not.
             self.diverged_at = self.checkpointer.step
             self.model.stop_training = True

@@ -1,0 +1,562 @@
+"""The jax engine: a `Plan` executed with Keras' JAX trainer and `keras.distribution`.
+
+    hardware = engine.hardware(recipe, None, output_dir)   # devices, processes, the mesh's sizes
+    session = engine.build(the_plan)     # the model, its weights placed on the mesh, restored if resuming
+    outcome = engine.train(session)      # fit with checkpoints, SIGTERM, NaN rollback (the shared trainer)
+    evaluation = engine.evaluate(session, outcome)
+    exported = engine.export(session, outcome)     # model.keras, and a SavedModel exported by the TF backend
+    metrics = engine.report(session, outcome, evaluation, exported)
+
+Input: every process reads its own shard of the data (the same tf.data pipelines as the TensorFlow engine, one
+input pipeline per process, `InputContext(process_count, process_index)`), and Keras assembles the global batch with
+`jax.make_array_from_process_local_data`; Keras' own multi-process dataset sharding (every host reads all of the
+data and keeps 1/N) is off (`auto_shard_dataset=False`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+import jax
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tpukit import planner, task
+from tpukit.engines.jax import checkpoint as checkpoint_lib
+from tpukit.engines.tensorflow import callbacks as callbacks_lib
+from tpukit.engines.tensorflow import engine as tf_engine
+from tpukit.engines.tensorflow import flops, trainer
+from tpukit.engines.tensorflow.checkpoint import CheckpointCorruptError, CheckpointMismatchError
+from tpukit.models.layouts import DEFAULT_LAYOUTS
+from tpukit.planner import CheckpointFacts, Hardware, Plan
+from tpukit.planner.layouts import Layouts
+from tpukit.recipe import Recipe, RecipeError
+
+logger = logging.getLogger("tpukit")
+
+NAME = "jax"
+AXES = ("data", "model")
+
+# Keras-generic pieces shared with the TensorFlow engine.
+dtype_policy = tf_engine.dtype_policy
+_verbose = tf_engine._verbose
+_exact_loss = tf_engine._exact_loss
+_use_averages = tf_engine._use_averages
+
+
+@dataclasses.dataclass
+class Mesh:
+    """The plan's `strategy` on this engine: the devices and the mesh's sizes (the distribution is made in
+    `build`, where the model's variables are known)."""
+
+    data: int
+    model: int
+    devices: list = dataclasses.field(repr=False)
+    processes: int = 1
+    process_index: int = 0
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        return {"data": self.data, "model": self.model}
+
+
+def _initialize(recipe: Recipe) -> None:
+    """Multi-host: `keras.distribution.initialize()` once, from the TPU environment, or from
+    $TPUKIT_COORDINATOR_ADDRESS, $TPUKIT_NUM_PROCESSES and $TPUKIT_PROCESS_ID (a cluster of CPU/GPU hosts)."""
+    if jax.distributed.is_initialized() if hasattr(jax.distributed, "is_initialized") else False:
+        return
+    address = os.environ.get("TPUKIT_COORDINATOR_ADDRESS")
+    if address:
+        try:
+            count = int(os.environ["TPUKIT_NUM_PROCESSES"])
+            index = int(os.environ["TPUKIT_PROCESS_ID"])
+        except (KeyError, ValueError):
+            raise RecipeError(
+                f"TPUKIT_COORDINATOR_ADDRESS={address!r} needs TPUKIT_NUM_PROCESSES and TPUKIT_PROCESS_ID (integers); "
+                f"received {os.environ.get('TPUKIT_NUM_PROCESSES')!r} and {os.environ.get('TPUKIT_PROCESS_ID')!r}. "
+                "Fix: set all three on every process (the same address and count, ids 0..count-1)."
+            ) from None
+        logger.info("tpukit: joining %d processes at %s as process %d", count, address, index)
+        keras.distribution.initialize(address, count, index)
+    elif os.environ.get("TPU_WORKER_HOSTNAMES", "").count(",") >= 1:
+        # A multi-host Cloud TPU slice: JAX finds the coordinator in the TPU environment.
+        keras.distribution.initialize()
+
+
+def _kind(device) -> str:
+    return {"tpu": "jax_tpu", "gpu": "jax_gpu", "cuda": "jax_gpu", "rocm": "jax_gpu"}.get(
+        device.platform, "jax_cpu"
+    )
+
+
+def hardware(recipe: Recipe, strategy, output_dir: str) -> Hardware:
+    """The devices and the mesh `runtime.mesh` asks for: `data` x `model` devices (`data: auto`: all the devices
+    not on the model axis). `strategy`: a `Mesh` to use instead (tests)."""
+    if strategy is None:
+        _initialize(recipe)
+        devices = jax.devices()
+        requested = recipe.runtime.mesh
+        model = requested["model"]
+        if len(devices) % model:
+            raise RecipeError(
+                f"{recipe.path}: runtime.mesh.model={model} does not divide the {len(devices)} devices here. Fix: "
+                f"--set runtime.mesh.model to a divisor of {len(devices)}."
+            )
+        data_size = len(devices) // model if requested["data"] == "auto" else requested["data"]
+        if data_size * model > len(devices):
+            raise RecipeError(
+                f"{recipe.path}: runtime.mesh {{data: {data_size}, model: {model}}} needs {data_size * model} "
+                f"devices; this machine has {len(devices)} ({devices[0].platform}). Fix: --set runtime.mesh.data=auto, "
+                "or a smaller mesh (on a CPU, XLA_FLAGS=--xla_force_host_platform_device_count=8 makes 8 devices)."
+            )
+        if data_size * model < len(devices):
+            if jax.process_count() > 1:
+                raise RecipeError(
+                    f"{recipe.path}: runtime.mesh {{data: {data_size}, model: {model}}} uses {data_size * model} of "
+                    f"the {len(devices)} devices of {jax.process_count()} processes; every process must take part. "
+                    "Fix: --set runtime.mesh.data=auto."
+                )
+            logger.warning(
+                "tpukit: runtime.mesh {data: %d, model: %d} trains on %d of the %d devices here",
+                data_size,
+                model,
+                data_size * model,
+                len(devices),
+            )
+        strategy = Mesh(
+            data_size,
+            model,
+            devices[: data_size * model],
+            jax.process_count(),
+            jax.process_index(),
+        )
+    worker = f"worker{strategy.process_index}" if strategy.process_index else None
+    device = strategy.devices[0]
+    capability = getattr(device, "compute_capability", None)
+    return Hardware(
+        engine=NAME,
+        kind=_kind(device),
+        replicas=strategy.data,
+        input_pipelines=strategy.processes,
+        worker=worker,
+        gpu_compute_capability=tuple(int(p) for p in str(capability).split(".")[:2]) if capability else None,
+        handle=strategy,
+        mesh=strategy.sizes,
+    )
+
+
+def remote_files():
+    from tpukit.engines.tensorflow.files import GFiles
+
+    return GFiles()
+
+
+def checkpoints(checkpoint_dir: str, checkpoint: str | None) -> CheckpointFacts:
+    """The newest `ckpt-N.npz`'s step; a directory of the TensorFlow engine's checkpoints is a RecipeError."""
+    step = checkpoint_lib.newest_checkpoint_step(checkpoint_dir)
+    if not step and tf.io.gfile.glob(os.path.join(checkpoint_dir, "ckpt-*.index")):
+        raise RecipeError(
+            f"{checkpoint_dir} holds checkpoints of the tensorflow engine, which the jax engine cannot read. Fix: "
+            "resume it with --set runtime.engine=tensorflow, or pass another --output_dir (model.keras, exported "
+            "by a finished run, can start a jax run: --set model.init_weights=<dir>/model.keras)."
+        )
+    requested = bool(checkpoint) and tf.io.gfile.exists(
+        checkpoint if checkpoint.endswith(checkpoint_lib.SUFFIX) else checkpoint + checkpoint_lib.SUFFIX
+    )
+    return CheckpointFacts(newest_step=step, requested_exists=requested)
+
+
+class _Distribution(keras.distribution.ModelParallel):
+    """`ModelParallel` whose variable layouts come from a checked `tpukit.planner.layouts.Layouts`."""
+
+    def __init__(self, device_mesh, layouts: Layouts, multi_process: bool):
+        super().__init__(
+            layout_map=keras.distribution.LayoutMap(device_mesh),
+            batch_dim_name="data",
+            auto_shard_dataset=False,  # each process reads its own shard (see the module docstring)
+        )
+        self.layouts = layouts
+        self._multi_process = multi_process
+
+    def get_variable_layout(self, variable):
+        if getattr(variable, "_layout", None) is not None:  # an optimizer slot: its weight's layout
+            return variable._layout
+        axes = self.layouts.axes_for(variable.path, tuple(variable.shape))
+        return keras.distribution.TensorLayout(list(axes), self.device_mesh)
+
+
+def _layouts(recipe: Recipe, mesh: Mesh) -> Layouts:
+    if recipe.runtime.layout is not None:
+        return Layouts(recipe.runtime.layout, mesh.sizes, "runtime.layout")
+    default = DEFAULT_LAYOUTS.get(recipe.model.name)
+    if default is None:
+        if mesh.model > 1:
+            logger.warning(
+                "tpukit: model %r has no default layout and runtime.layout is not set: its weights stay whole on "
+                "every device (the model axis only repeats the computation). Fix: set runtime.layout.",
+                recipe.model.name,
+            )
+        return Layouts({}, mesh.sizes, "runtime.layout")
+    return Layouts(default, mesh.sizes, f"the default layout of model {recipe.model.name!r}")
+
+
+def _distribution(recipe: Recipe, mesh: Mesh) -> _Distribution:
+    device_mesh = keras.distribution.DeviceMesh(
+        (mesh.data, mesh.model), list(AXES), devices=mesh.devices
+    )
+    return _Distribution(device_mesh, _layouts(recipe, mesh), mesh.processes > 1)
+
+
+def _input_context(the_plan: Plan) -> tf.distribute.InputContext:
+    mesh = the_plan.strategy
+    # One pipeline per process, each yielding this process's share of the global batch.
+    return tf.distribute.InputContext(mesh.processes, mesh.process_index, mesh.processes)
+
+
+def _train_dataset(the_plan: Plan, spec=None):
+    train_fn, _ = task.input_fns(the_plan.recipe, the_plan.eval_examples, the_plan.steps_per_epoch, spec)
+    context = _input_context(the_plan)
+    return lambda position: train_fn(context, skip_steps=position)
+
+
+def _eval_dataset(the_plan: Plan, spec=None):
+    _, eval_fn = task.input_fns(the_plan.recipe, the_plan.eval_examples, the_plan.steps_per_epoch, spec)
+    context = _input_context(the_plan)
+    return lambda: eval_fn(context)
+
+
+@dataclasses.dataclass
+class Session:
+    plan: Plan
+    model: Any
+    checkpointer: Any
+    start_step: int
+    flops_per_example: float | None
+    peak_flops: float | None
+    peak_source: str
+    throughput: Any
+    distribution: Any = None
+    sharded: dict = dataclasses.field(default_factory=dict)
+
+
+def _compiled(the_plan: Plan, distribution, steps_per_execution: int, total_steps: int, resuming=False):
+    recipe = the_plan.recipe
+    with distribution.scope():
+        try:
+            model = task.build_model(
+                recipe,
+                total_steps,
+                the_plan.jit_compile,
+                steps_per_execution,
+                resuming=resuming,
+                labels=the_plan.labels,
+            )
+        except RecipeError:
+            raise
+        except ValueError as error:  # builder or optimizer arguments that do not fit together
+            raise RecipeError(f"{recipe.path}: {error}") from None
+    distribution.layouts.check_matched([v.path for v in model.weights])
+    return model
+
+
+def _resolve_steps_per_execution(the_plan: Plan) -> Plan:
+    if the_plan.steps_per_execution != "auto":
+        return the_plan
+
+    def probe_model():
+        return _compiled(the_plan, _distribution(the_plan.recipe, the_plan.strategy), 1, the_plan.steps_per_epoch)
+
+    chosen = tf_engine.probe_steps_per_execution(the_plan, probe_model, _train_dataset)
+    return the_plan.resolved(chosen)
+
+
+def _restore(the_plan: Plan, checkpointer) -> int:
+    try:
+        step = checkpointer.restore(the_plan.checkpoint if the_plan.mode == "eval" else None)
+        if the_plan.training and the_plan.strategy.processes > 1:
+            from jax.experimental import multihost_utils
+
+            steps = np.asarray(multihost_utils.process_allgather(np.array([step], np.int64))).ravel()
+            agreed = int(steps.min())
+            if agreed != step:
+                if not agreed:
+                    raise RecipeError(
+                        f"another process has no checkpoint while this one resumes at step {step} "
+                        f"({the_plan.checkpoint_dir}). Fix: give every process the same checkpoints, or delete "
+                        "every process's checkpoints to start over."
+                    )
+                step = checkpointer.restore(os.path.join(the_plan.checkpoint_dir, f"ckpt-{agreed}"))
+    except (CheckpointMismatchError, CheckpointCorruptError) as error:
+        raise RecipeError(str(error)) from None
+    if the_plan.training and step != the_plan.resume_step:
+        planner.check_resume(
+            the_plan.recipe, the_plan.steps_per_epoch, the_plan.total_steps, the_plan.steps_per_execution, step
+        )
+    return step
+
+
+def build(the_plan: Plan) -> Session:
+    """Resolves `steps_per_execution: auto`, then seeds, builds and compiles the model with its weights placed on
+    the mesh (the layout checked: every entry matches a variable, every split divides), and restores the newest
+    readable checkpoint. Call it under `dtype_policy`."""
+    recipe = the_plan.recipe
+    the_plan = _resolve_steps_per_execution(the_plan)
+    keras.utils.set_random_seed(recipe.train.seed)
+    distribution = _distribution(recipe, the_plan.strategy)
+    model = _compiled(
+        the_plan,
+        distribution,
+        the_plan.steps_per_execution,
+        the_plan.total_steps,
+        resuming=the_plan.resume_step > 0,
+    )
+    keras.distribution.set_distribution(distribution)  # fit, evaluate and save read it; `explained` restores
+    sharded = distribution.layouts.sharded()
+    mesh = the_plan.strategy
+    logger.info(
+        "tpukit plan: mesh data %d x model %d over %d %s device(s) in %d process(es); %s",
+        mesh.data,
+        mesh.model,
+        len(mesh.devices),
+        mesh.devices[0].platform,
+        mesh.processes,
+        f"{len(sharded)} variable(s) split on the model axis ({distribution.layouts.source}): "
+        + ", ".join(f"{p} {a}" for p, a in list(sharded.items())[:6])
+        + (", ..." if len(sharded) > 6 else "")
+        if sharded
+        else "every variable whole on every device",
+    )
+    checkpointer = checkpoint_lib.Checkpointer(
+        the_plan.checkpoint_dir, model, model.optimizer, recipe.runtime.max_checkpoints_to_keep
+    )
+    start_step = _restore(the_plan, checkpointer)
+    peak_flops, peak_source = (None, "")
+    if the_plan.training:
+        peak_flops, peak_source = _peak_flops(the_plan)
+        logger.info("tpukit: %s", peak_source)
+    return Session(
+        the_plan,
+        model,
+        checkpointer,
+        start_step,
+        _flops_per_example(model),
+        peak_flops,
+        peak_source,
+        callbacks_lib.Throughput(recipe.data.global_batch_size),
+        distribution,
+        sharded,
+    )
+
+
+def train(session: Session, callbacks: list | None = None):
+    """Trains from `session.start_step` to the plan's last step with the trainer both engines share."""
+    the_plan, recipe = session.plan, session.plan.recipe
+    if not the_plan.training:
+        _use_averages(session.model)
+        return trainer.Outcome("done", {}, 0)
+    if session.start_step >= the_plan.total_steps:
+        logger.info("tpukit: all %d epochs are done already (step %d)", recipe.train.epochs, session.start_step)
+    started = time.time()
+    spec = task.spec_of(session.model)
+    outcome = trainer.fit_with_recovery(
+        session.model,
+        _train_dataset(the_plan, spec),
+        checkpointer=session.checkpointer,
+        steps_per_epoch=the_plan.steps_per_epoch,
+        epochs=recipe.train.epochs,
+        callbacks=tf_engine._callbacks(
+            _exact_loss(session.model),
+            recipe,
+            the_plan.output_dir,
+            session.throughput,
+            the_plan.steps_per_execution,
+            False,
+            session.checkpointer.state,
+            chief=the_plan.chief,
+        )
+        + list(callbacks or []),
+        checkpoint_every_steps=recipe.runtime.checkpoint_every_steps,
+        checkpoint_max_overhead=recipe.runtime.checkpoint_max_overhead,
+        max_nan_retries=recipe.train.max_nan_retries,
+        validation_data=_eval_dataset(the_plan, spec) if the_plan.evaluating else None,
+        validation_steps=the_plan.eval_steps,
+        validation_freq=recipe.train.eval_every_epochs,
+        verbose=_verbose(recipe.runtime.verbose),
+    )
+    if outcome.status not in trainer.STOPPED.values():
+        _use_averages(session.model)
+    if session.checkpointer.step > session.start_step:
+        logger.info(
+            "tpukit: trained steps %d..%d in %.1fs (%s)",
+            session.start_step,
+            session.checkpointer.step,
+            time.time() - started,
+            outcome.status,
+        )
+    return outcome
+
+
+def evaluate(session: Session, outcome) -> dict[str, float]:
+    """One exact pass over the eval split (the last batch completed with zero-weight examples); {} without
+    evaluation."""
+    the_plan = session.plan
+    if not the_plan.evaluating or outcome.status in trainer.STOPPED.values():
+        return {}
+    exact_loss = _exact_loss(session.model)
+    results = session.model.evaluate(
+        _eval_dataset(the_plan, task.spec_of(session.model))(),
+        steps=the_plan.eval_steps,
+        return_dict=True,
+        verbose=_verbose(the_plan.recipe.runtime.verbose),
+        callbacks=[callbacks_lib.ExactValidationLoss(exact_loss)],
+    )
+    return callbacks_lib.with_aliases({k: float(v) for k, v in results.items()}, exact_loss=exact_loss)
+
+
+def export(session: Session, outcome) -> dict[str, str]:
+    """`model.keras` (written here, whole: a temporary name, then a rename) and the SavedModel `serve` endpoint,
+    which a TensorFlow-backend process exports from that file (`tpukit.engines.tensorflow.export`'s command): TF
+    2.21 cannot load SavedModels that jax >= 0.11 exports through jax2tf. {} in eval mode or when stopped by a
+    signal; the SavedModel is skipped, with a warning, where TensorFlow cannot export it."""
+    the_plan = session.plan
+    if not the_plan.training or outcome.status in trainer.STOPPED.values() or not the_plan.chief:
+        return {}
+    from tpukit.engines.tensorflow.export import KERAS_FILENAME, SAVED_MODEL_DIRNAME
+    from tpukit import rundir
+
+    tf.io.gfile.makedirs(the_plan.output_dir)
+    keras_path = os.path.join(the_plan.output_dir, KERAS_FILENAME)
+    temporary = rundir.temporary_name(keras_path)
+    try:
+        session.model.save(temporary)
+        tf.io.gfile.rename(temporary, keras_path, overwrite=True)
+    finally:
+        if tf.io.gfile.exists(temporary):
+            tf.io.gfile.remove(temporary)
+    exported = {"keras": keras_path}
+    saved_model = os.path.join(the_plan.output_dir, SAVED_MODEL_DIRNAME)
+    environment = dict(os.environ, KERAS_BACKEND="tensorflow", JAX_PLATFORMS="cpu")
+    environment.pop("XLA_FLAGS", None)
+    command = [sys.executable, "-m", "tpukit.engines.tensorflow.export", keras_path, the_plan.output_dir]
+    started = time.time()
+    result = subprocess.run(command, env=environment, capture_output=True, text=True, check=False)
+    if result.returncode == 0:
+        exported["saved_model"] = saved_model
+        logger.info("tpukit: exported %s with the TensorFlow backend in %.1fs", saved_model, time.time() - started)
+    else:
+        logger.warning(
+            "tpukit: model.keras is saved, but the SavedModel export (a TensorFlow-backend process) failed: %s",
+            (result.stderr.strip().splitlines() or ["(no output)"])[-1][:500],
+        )
+    return exported
+
+
+def _flops_per_example(model) -> float | None:
+    """Training FLOPs per example: 3 x the forward pass's FLOPs as XLA counts them (every op, from the
+    unpartitioned program of one example), or None when they cannot be counted."""
+    try:
+        inputs = model.inputs
+        specs = [jax.ShapeDtypeStruct((1, *t.shape[1:]), t.dtype) for t in inputs]
+        if any(None in s.shape for s in specs):
+            return None
+        trainable = [jax.ShapeDtypeStruct(v.shape, v.dtype) for v in model.trainable_variables]
+        other = [jax.ShapeDtypeStruct(v.shape, v.dtype) for v in model.non_trainable_variables]
+        names = [t.name for t in inputs]
+        keyed = isinstance(model._inputs_struct, dict) if hasattr(model, "_inputs_struct") else False
+
+        def forward(trainable, other, xs):
+            x = dict(zip(names, xs, strict=True)) if keyed else (xs[0] if len(xs) == 1 else list(xs))
+            return model.stateless_call(trainable, other, x, training=False)[0]
+
+        cost = jax.jit(forward).lower(trainable, other, specs).cost_analysis()
+        cost = cost[0] if isinstance(cost, list) else cost
+        flops_forward = float(cost.get("flops", 0.0)) if cost else 0.0
+        return 3.0 * flops_forward if flops_forward > 0 else None
+    except Exception as error:  # noqa: BLE001 - MFU is a report: it must never stop a run
+        logger.info("tpukit: no FLOP count, so no MFU (%s: %s)", type(error).__name__, str(error)[:200])
+        return None
+
+
+def _peak_flops(the_plan: Plan) -> tuple[float | None, str]:
+    """Peak FLOP/s of the mesh's devices: the TPU table (bf16, per chip; a JAX device is a chip from v4 on, a core
+    on v2/v3), else one timed matmul in the compute dtype times the devices (GPU) or the processes (CPU, whose
+    virtual devices share one host's cores)."""
+    mesh = the_plan.strategy
+    devices = len(mesh.devices)
+    kind = mesh.devices[0].device_kind
+    if the_plan.strategy_kind == "jax_tpu":
+        generation = flops.tpu_generation(kind)
+        if generation is None:
+            return None, f"unknown TPU device kind {kind!r}; no peak FLOP/s, so no MFU"
+        per_device = flops.PEAK_BF16_FLOPS_PER_CHIP[generation] / (2 if generation in ("v2", "v3") else 1)
+        return per_device * devices, (
+            f"TPU {generation} bfloat16 peak {flops.PEAK_BF16_FLOPS_PER_CHIP[generation] / 1e12:g} TFLOP/s per chip "
+            f"x {devices} JAX device(s)"
+        )
+    dtype = flops.peak_dtype(the_plan.precision, "default")
+    size = 2048
+    try:
+        a = jax.numpy.ones((size, size), dtype)
+        matmul = jax.jit(lambda x: x @ x)
+        matmul(a).block_until_ready()
+        started = time.perf_counter()
+        for _ in range(5):
+            result = matmul(a)
+        result.block_until_ready()
+        per_unit = 2 * size**3 * 5 / (time.perf_counter() - started)
+    except Exception as error:  # noqa: BLE001 - MFU is a report: it must never stop a run
+        return None, f"measuring the peak FLOP/s failed ({type(error).__name__}: {error}); no MFU"
+    units = devices if the_plan.strategy_kind == "jax_gpu" else mesh.processes
+    unit_name = "GPU(s)" if the_plan.strategy_kind == "jax_gpu" else "host(s)"
+    return per_unit * units, (
+        f"measured {dtype} {size}x{size} matmul peak of {kind}: {per_unit / 1e9:.1f} GFLOP/s x {units} {unit_name}"
+    )
+
+
+def report(session: Session, outcome, evaluation: dict, exported: dict) -> dict:
+    """The run's metrics; the TensorFlow engine's keys, with the mesh and the split variables."""
+    metrics = tf_engine.report(session, outcome, evaluation, exported)
+    metrics.update(
+        engine=NAME,
+        strategy=type(session.distribution).__mro__[1].__name__ if session.distribution else "none",
+        peak_flops_dtype=flops.peak_dtype(
+            session.plan.precision, "tpu" if session.plan.strategy_kind == "jax_tpu" else "default"
+        ),
+        mesh=session.plan.mesh,
+        sharded=session.sharded,
+    )
+    return metrics
+
+
+@contextlib.contextmanager
+def explained(the_plan: Plan):
+    """As the TensorFlow engine's (data errors as RecipeErrors, full disks as OutputDirErrors, known environment
+    errors annotated), and Keras' global distribution restored when the run ends."""
+    previous = keras.distribution.distribution()
+    try:
+        with tf_engine.explained(the_plan, checkpoint_lib.newest_checkpoint_step):
+            yield
+    finally:
+        keras.distribution.set_distribution(previous)
+
+
+__all__ = [
+    "build",
+    "checkpoints",
+    "dtype_policy",
+    "evaluate",
+    "explained",
+    "export",
+    "hardware",
+    "remote_files",
+    "report",
+    "train",
+]

@@ -1,0 +1,40 @@
+"""Default weight layouts of the built-in models for the jax engine's `model` mesh axis (`runtime.mesh.model`).
+
+Pure data: {model name: {regex matched whole against a variable's path: one axis name or None per dimension}}.
+Megatron-style tensor parallelism (Shoeybi et al. 2019; the layout Keras' distribution guide and KerasHub's
+`get_layout_map` use): a transformer block's first matmul of each pair (attention `qkv`, `mlp_in`) splits its output
+columns on `model` and the second (`output`, `mlp_out`) its input rows, so the activations between them stay split;
+embeddings split the hidden dimension; convolutions split their output channels. Norms, biases of the row-split
+layers and classifier heads (their class counts rarely divide by the axis) stay replicated. `tpukit.planner.layouts`
+checks every entry against the model and every split dimension against the axis before anything trains.
+"""
+
+from __future__ import annotations
+
+_TRANSFORMER = {
+    r"(.*/)?token_embedding/embeddings": (None, "model"),
+    r"(.*/)?position_embedding/position_embeddings": (None, "model"),
+    r".*attention/qkv/kernel": (None, "model"),
+    r".*attention/qkv/bias": ("model",),
+    r".*attention/output/kernel": ("model", None),
+    r".*mlp_in/kernel": (None, "model"),
+    r".*mlp_in/bias": ("model",),
+    r".*mlp_out/kernel": ("model", None),
+}
+
+DEFAULT_LAYOUTS: dict[str, dict[str, tuple[str | None, ...]]] = {
+    # The language model's head is as wide as the vocabulary: split it too (256 and 32768 divide by 2, 4 and 8).
+    "causal_lm": {**_TRANSFORMER, r"(.*/)?logits/kernel": (None, "model"), r"(.*/)?logits/bias": ("model",)},
+    "transformer_classifier": dict(_TRANSFORMER),
+    "vit": {
+        **{k: v for k, v in _TRANSFORMER.items() if "token_embedding" not in k},
+        r"(.*/)?patch_embedding/kernel": (None, None, None, "model"),
+        r"(.*/)?patch_embedding/bias": ("model",),
+    },
+    "small_cnn": {
+        r"(.*/)?block\d+_conv\d+/kernel": (None, None, None, "model"),
+        r"(.*/)?dense/kernel": (None, "model"),
+    },
+    "resnet_cifar": {r".*conv\d*/kernel": (None, None, None, "model")},
+    "resnet50": {r".*conv\d*/kernel": (None, None, None, "model")},
+}
