@@ -40,6 +40,7 @@ _LAZY = {
     "cpu_mirrored_strategy": ("tpukit.engines.tensorflow.strategy", "cpu_mirrored_strategy"),
     "describe": ("tpukit.engines.tensorflow.strategy", "describe"),
     "enable_logging": ("tpukit.logs", "enable_logging"),
+    "use_engine": ("tpukit.environment.backend", "use_engine"),
     "data": ("tpukit.data", None),
     "models": ("tpukit.models", None),
     "losses": ("tpukit.task.losses", None),

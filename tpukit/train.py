@@ -21,7 +21,9 @@ from tpukit import engines
 from tpukit.engines import OutputDirError
 from tpukit.environment import diagnose
 from tpukit.logs import enable_logging
+from tpukit.environment.backend import use_engine
 from tpukit.recipe import RecipeError, load_recipe
+from tpukit.recipe.loading import requested_engine
 
 FLAGS = flags.FLAGS
 flags.DEFINE_multi_string(
@@ -77,9 +79,10 @@ def main(argv: list[str]) -> int:
     if FLAGS.tpu:
         # Quoted (JSON is YAML): --set values are parsed as YAML, and a TPU named `yes`, `null` or `1234` is a name.
         overrides.append(f"runtime.tpu={json.dumps(FLAGS.tpu)}")
-    problem = engines.unavailable(
-        "tensorflow"
-    )  # before the recipe's models and sources import Keras
+    # Keras fixes its backend when first imported: set it from the recipe's runtime.engine before anything imports
+    # Keras (the recipe's models and sources do), whatever KERAS_BACKEND the shell had.
+    engine = use_engine(requested_engine(argv[1], overrides))
+    problem = engines.unavailable(engine)
     if problem:
         print(f"tpukit: error: {problem}", file=sys.stderr)
         return 1

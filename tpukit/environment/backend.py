@@ -33,6 +33,39 @@ def require(name: str, engine: str) -> None:
     if backend != name:
         raise ImportError(
             f"tpukit's {engine} engine trains with the Keras {name!r} backend; received {source}={backend!r}. "
-            f"Fix: set KERAS_BACKEND={name} before importing keras (in a notebook: restart the runtime, then set "
-            "it in the first cell)."
+            f"Fix: call tpukit.use_engine({engine.lower()!r}) (or set KERAS_BACKEND={name}) before anything imports "
+            "keras; in a notebook: restart the runtime, then do it in the first cell. One process trains with one "
+            "engine."
         )
+
+
+# Each engine's Keras backend.
+BACKENDS = {"tensorflow": "tensorflow", "jax": "jax"}
+
+
+def use_engine(engine: str) -> str:
+    """Makes Keras load `engine`'s backend (`runtime.engine`: "tensorflow" or "jax"), and returns `engine`.
+
+    Call it before anything imports Keras (`tpukit.use_engine("jax")` in a notebook's first cell; the CLI does it
+    from the recipe). Once Keras is imported its backend cannot change: a different one raises ImportError with
+    the fix (restart the process, or the notebook's runtime). A `KERAS_BACKEND` set for another backend is
+    replaced, with a warning: the recipe's engine decides.
+    """
+    if engine not in BACKENDS:
+        raise ValueError(f"unknown engine {engine!r}; valid engines: {', '.join(BACKENDS)}.")
+    name = BACKENDS[engine]
+    if "keras" in sys.modules:
+        require(name, engine)
+        return engine
+    current = os.environ.get("KERAS_BACKEND")
+    if current and current != name:
+        import logging
+
+        logging.getLogger("tpukit").warning(
+            "tpukit: runtime.engine=%s: using the Keras %r backend instead of KERAS_BACKEND=%r",
+            engine,
+            name,
+            current,
+        )
+    os.environ["KERAS_BACKEND"] = name
+    return engine

@@ -24,7 +24,11 @@ _TRANSFORMER = {
 
 DEFAULT_LAYOUTS: dict[str, dict[str, tuple[str | None, ...]]] = {
     # The language model's head is as wide as the vocabulary: split it too (256 and 32768 divide by 2, 4 and 8).
-    "causal_lm": {**_TRANSFORMER, r"(.*/)?logits/kernel": (None, "model"), r"(.*/)?logits/bias": ("model",)},
+    "causal_lm": {
+        **_TRANSFORMER,
+        r"(.*/)?logits/kernel": (None, "model"),
+        r"(.*/)?logits/bias": ("model",),
+    },
     "transformer_classifier": dict(_TRANSFORMER),
     "vit": {
         **{k: v for k, v in _TRANSFORMER.items() if "token_embedding" not in k},

@@ -1,15 +1,20 @@
-"""Notebook helpers: the Colab/Kaggle install cell (`colab`), what a notebook decides before training
-(`choose_small`, `first_available`, `has_accelerator`, `output_dir`, from `helpers`), plots of a run (`plots`) and
-text sampling (`sampling`). The core never imports this package.
+"""Notebook helpers: the Colab/Kaggle install cell and the engine choice (`colab`, `choose_engine`), what a
+notebook decides before training (`connect`, `choose_small`, `first_available`, `has_accelerator`, `output_dir`,
+`scope`, from `helpers`), plots of a run (`plots`) and text sampling (`sampling`). The core never imports this
+package.
 
+    import tpukit.notebook
+    ENGINE = tpukit.use_engine(tpukit.notebook.choose_engine())   # first: before anything imports Keras
     import tpukit.notebook.plots
+    strategy = tpukit.notebook.connect(ENGINE)     # a tf.distribute strategy, or None for the jax engine
     small = tpukit.notebook.choose_small(SMALL, strategy)
     name, recipe = tpukit.notebook.first_available({"mnist_cnn": [...], "digits_cnn": [...]}, strategy)
     output_dir = tpukit.notebook.output_dir(OUTPUT_ROOT, name)
     tpukit.notebook.plots.learning_curves(output_dir)
 
 Like `import tpukit`, importing this package loads no TensorFlow: the helpers are loaded on first use (PEP 562),
-so `python -m tpukit.notebook.colab` (which prints the install cell) stays quick.
+so `python -m tpukit.notebook.colab` (which prints the install cell) stays quick, and `choose_engine` (from
+`colab`, standard library only) can run before `tpukit.use_engine`, which must precede any import of Keras.
 """
 
 from __future__ import annotations
@@ -18,16 +23,36 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # for type checkers and the API reference; at run time __getattr__ loads them
-    from tpukit.notebook.helpers import choose_small, first_available, has_accelerator, output_dir
+    from tpukit.notebook.colab import choose_engine
+    from tpukit.notebook.helpers import (
+        choose_small,
+        connect,
+        first_available,
+        has_accelerator,
+        output_dir,
+        scope,
+    )
 
-__all__ = ["choose_small", "first_available", "has_accelerator", "output_dir"]
+__all__ = [
+    "choose_engine",
+    "choose_small",
+    "connect",
+    "first_available",
+    "has_accelerator",
+    "output_dir",
+    "scope",
+]
+# The module that defines each name: colab imports nothing beyond the standard library (no Keras).
+_MODULES = {name: "tpukit.notebook.helpers" for name in __all__} | {
+    "choose_engine": "tpukit.notebook.colab"
+}
 _HELPERS = frozenset(__all__)
 
 
 def __getattr__(name: str):
     if name not in _HELPERS:
         raise AttributeError(f"module 'tpukit.notebook' has no attribute {name!r}")
-    value = getattr(importlib.import_module("tpukit.notebook.helpers"), name)
+    value = getattr(importlib.import_module(_MODULES[name]), name)
     globals()[name] = value  # later lookups skip __getattr__
     return value
 

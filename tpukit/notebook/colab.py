@@ -14,9 +14,13 @@ What it does, in order:
    tpukit needs. Otherwise, or with `force=True`:
 1. `detect_runtime`: "tpu" (Colab/Kaggle TPU runtimes, Cloud TPU VMs), "gpu" or "cpu", from environment variables
    and device files, as `tpukit.engines.tensorflow.strategy.tpu_vm_present` and `tpukit.tools.doctor.detect_runtime` judge them.
-2. `install_plan`: TPU -> `tpukit[tpu]` plus the pinned row of `tpukit/environment/versions.py` (removing a CPU TensorFlow
-   wheel first: it writes the same `tensorflow` module); GPU/CPU -> `tpukit[tensorflow]`, which keeps a
-   preinstalled TensorFlow that is in range (Colab's GPU build keeps its CUDA setup).
+   `choose_engine`: "jax" on a TPU without `tensorflow-tpu` installed (Colab's TPU runtime ships JAX, and TensorFlow
+   and JAX cannot share one TPU), else "tensorflow"; the notebooks' next cell passes it to `tpukit.use_engine`.
+2. `install_plan`: TPU with the TensorFlow engine -> `tpukit[tpu]` plus the pinned row of
+   `tpukit/environment/versions.py` (removing a CPU TensorFlow wheel first: it writes the same `tensorflow` module);
+   TPU with the jax engine -> `tpukit[jax-tpu]` (JAX's TPU build, kept when the runtime's is in range, and
+   tensorflow-cpu for tf.data; a `tensorflow` wheel is removed first); GPU/CPU -> `tpukit[tensorflow]`, which keeps
+   a preinstalled TensorFlow that is in range (Colab's GPU build keeps its CUDA setup).
 3. pip resolves the plan first (`--dry-run --report`), so a plan that cannot resolve changes nothing.
 4. `restart_reasons`: the installed distributions that pip would replace or remove and that this kernel has
    already imported (a module file of theirs is loaded). Only those need a restart: Python keeps the old code.
@@ -47,8 +51,13 @@ RESTART_HOW = "Runtime > Restart session (Kaggle: Run > Restart & clear cell out
 # this new, with its requirements for this runtime met, is used as it is. tests/notebook/test_colab.py keeps it <=
 # the checkout's version.
 TPUKIT_MIN_VERSION = "0.1.0"
-# The tpukit extra each runtime installs (install_plan) and an installed tpukit must have met.
+# The tpukit extra each runtime installs (install_plan) and an installed tpukit must have met, with the TensorFlow
+# engine; with the jax engine (only on a TPU, see choose_engine) it is JAX_EXTRA.
 EXTRAS = {"tpu": "tpu", "gpu": "tensorflow", "cpu": "tensorflow"}
+# The jax engine on a TPU: JAX's TPU build (a preinstalled one in range is kept) and tensorflow-cpu for tf.data.
+JAX_EXTRA = "jax-tpu"
+# JAX 0.10 (the oldest tpukit supports) requires CPython >= 3.11.
+JAX_PYTHON = (3, 11)
 
 
 class RestartRuntime(RuntimeError):
@@ -100,6 +109,31 @@ def detect_runtime(env=None, device_files=None, google_pci=None):
     return "cpu"
 
 
+def choose_engine(runtime=None, installed=None):
+    """The engine the notebooks train with here: "jax" on a TPU without TensorFlow's TPU build (Colab's TPU
+    runtime ships JAX and no tensorflow-tpu; TensorFlow and JAX cannot share one TPU), else "tensorflow". Judged
+    without importing TensorFlow, Keras or JAX, so it runs before `tpukit.use_engine`.
+
+    Args:
+        runtime: "tpu", "gpu" or "cpu" (default: `detect_runtime()`).
+        installed: the names (normalized) of the installed distributions (default: `installed_distributions()`).
+    """
+    runtime = runtime or detect_runtime()
+    installed = installed_distributions() if installed is None else installed
+    return "jax" if runtime == "tpu" and "tensorflow-tpu" not in installed else "tensorflow"
+
+
+def extra_of(runtime, engine="tensorflow"):
+    """The tpukit extra for a runtime and engine: "tpu", "tensorflow" or (jax on a TPU) JAX_EXTRA."""
+    if engine == "jax":
+        if runtime != "tpu":
+            raise ValueError(
+                f"the notebooks use the jax engine on a TPU only; received runtime={runtime!r}, engine='jax'."
+            )
+        return JAX_EXTRA
+    return EXTRAS[runtime]
+
+
 def requirement(source, extra):
     """`tpukit[extra] @ URL` for a git URL, a wheel URL, or a local wheel / checkout path."""
     if not source:
@@ -120,14 +154,27 @@ def requirement(source, extra):
     return f"tpukit[{extra}] @ {url}"
 
 
-def install_plan(runtime, source, installed, python=None):
+def install_plan(runtime, source, installed, python=None, engine="tensorflow"):
     """(distributions to uninstall first, requirements to install) for "tpu", "gpu" or "cpu".
 
     Args:
         installed: {normalized distribution name: version} of this environment.
         python: (major, minor) of the Python that will import TensorFlow (default: this one).
+        engine: "tensorflow", or "jax" (a TPU only: `choose_engine`).
     """
     python = tuple(python or sys.version_info[:2])
+    if engine == "jax":
+        extra = extra_of(runtime, engine)
+        if python < JAX_PYTHON:
+            raise RuntimeError(
+                f"JAX 0.10 and later need Python {JAX_PYTHON[0]}.{JAX_PYTHON[1]} or newer; this runtime runs "
+                f"Python {python[0]}.{python[1]}. Fix: pick a runtime or image with a newer Python (on a Cloud "
+                "TPU VM: a python3.12 venv)."
+            )
+        # The `tensorflow` wheel writes the same module as the extra's tensorflow-cpu.
+        return [name for name in ("tensorflow",) if installed.get(name)], [
+            requirement(source, extra)
+        ]
     if runtime == "tpu":
         low, high = TPU_PYTHONS
         if not low <= python <= high:
@@ -204,7 +251,7 @@ def unmet_requirements(dist, extra, versions):
     return unmet
 
 
-def installed_tpukit(runtime, before, importable=None):
+def installed_tpukit(runtime, before, importable=None, engine="tensorflow"):
     """(compatible, why): whether the tpukit already importable here can be used as it is; why is None when no
     tpukit is installed.
 
@@ -216,6 +263,8 @@ def installed_tpukit(runtime, before, importable=None):
     Args:
         before: `installed_distributions()`.
         importable: whether the tpukit module can be found (default: `importlib.util.find_spec`, which imports nothing).
+        engine: "tensorflow", or "jax" (a TPU only): the extra judged is then JAX_EXTRA's (JAX's TPU build and
+            tensorflow-cpu).
     """
     dist = before.get("tpukit")
     if importable is None:
@@ -228,8 +277,13 @@ def installed_tpukit(runtime, before, importable=None):
             False,
             f"tpukit {dist.version} is installed, older than the {TPUKIT_MIN_VERSION} these notebooks need",
         )
-    unmet = unmet_requirements(dist, EXTRAS[runtime], versions)
-    if runtime == "tpu":
+    unmet = unmet_requirements(dist, extra_of(runtime, engine), versions)
+    if engine == "jax":
+        if versions.get("tensorflow"):
+            unmet.append(
+                f"tensorflow {versions['tensorflow']} (the wheel that tensorflow-cpu replaces)"
+            )
+    elif runtime == "tpu":
         unmet += [
             f"{name} {versions[name]} (a CPU wheel)"
             for name in CPU_TENSORFLOWS
@@ -241,9 +295,12 @@ def installed_tpukit(runtime, before, importable=None):
             f"tpukit {dist.version} is installed, but not for this {runtime.upper()} runtime: "
             + "; ".join(unmet),
         )
-    key = [
-        name for name in ("tensorflow", "tensorflow-tpu", "libtpu", "keras") if versions.get(name)
-    ]
+    shown = (
+        ("tensorflow-cpu", "jax", "libtpu", "keras")
+        if engine == "jax"
+        else ("tensorflow", "tensorflow-tpu", "libtpu", "keras")
+    )
+    key = [name for name in shown if versions.get(name)]
     found = ", ".join(f"{name} {versions[name]}" for name in key)
     return (
         True,
@@ -348,8 +405,9 @@ def install_tpukit(
     run=subprocess.run,
     force=False,
     installed=None,
+    engine=None,
 ):
-    """Installs tpukit and the TensorFlow for this runtime, unless a compatible tpukit is already importable;
+    """Installs tpukit and the TensorFlow (or, on a TPU with JAX, the JAX) for this runtime, unless a compatible tpukit is already importable;
     raises `RestartRuntime` exactly when a restart is needed.
 
     Args:
@@ -360,13 +418,15 @@ def install_tpukit(
         run: `subprocess.run` (tests pass a fake).
         force: install from `source` even when a compatible tpukit is already importable.
         installed: `installed_distributions()` (tests pass fakes).
+        engine: "tensorflow" or "jax" (default: `choose_engine()`, the engine the notebooks then train with).
 
     Returns:
         The restart reasons (empty when none): in a dry run, those a real install would raise.
     """
     runtime = runtime or detect_runtime()
     before = installed_distributions() if installed is None else installed
-    compatible, why = installed_tpukit(runtime, before)
+    engine = engine or choose_engine(runtime, before)
+    compatible, why = installed_tpukit(runtime, before, engine=engine)
     if compatible and not force:
         print(
             f"tpukit install: {why}; installing nothing "
@@ -377,9 +437,10 @@ def install_tpukit(
         print(
             f"tpukit install: {why}; {'force=True: installing anyway' if compatible else 'installing'}."
         )
-    remove, requirements = install_plan(runtime, source, {n: d.version for n, d in before.items()})
+    versions = {n: d.version for n, d in before.items()}
+    remove, requirements = install_plan(runtime, source, versions, engine=engine)
     print(
-        f"tpukit install: {runtime.upper()} runtime -> pip install {' '.join(repr(r) for r in requirements)}"
+        f"tpukit install: {runtime.upper()} runtime, {engine} engine -> pip install {' '.join(repr(r) for r in requirements)}"
     )
     quiet = ["--quiet", "--disable-pip-version-check", *pip_options]
     with tempfile.TemporaryDirectory() as tmp:
@@ -428,8 +489,9 @@ CELL_HEADER = """\
 #@title Install tpukit for this runtime { display-mode: "form" }
 # The code is tpukit/notebook/colab.py's install block, verbatim (tests/notebook/test_notebooks.py keeps them equal).
 # A compatible tpukit already importable here (a clone, a local Jupyter, this runtime after its restart) -> nothing.
-# Else TPU runtime -> tpukit[tpu] + tensorflow-tpu/libtpu pinned in tpukit/environment/versions.py; GPU/CPU ->
-# tpukit[tensorflow].
+# Else a TPU runtime with tensorflow-tpu -> tpukit[tpu] + tensorflow-tpu/libtpu pinned in
+# tpukit/environment/versions.py; any other TPU runtime (Colab's ships JAX) -> tpukit[jax-tpu], for the jax engine;
+# GPU/CPU -> tpukit[tensorflow].
 # It stops "Run all" with "Restart the runtime" only when the install replaced a package this kernel imported.
 """
 CELL_CALL = "install_tpukit(TPUKIT_SOURCE, dry_run=INSTALL_DRY_RUN);\n"

@@ -1,14 +1,19 @@
 """What the notebooks decide before training, as library code: run small or full, where outputs go, which recipe
-this runtime can read.
+this runtime can read, with which engine's hardware.
 
-    strategy = tpukit.connect()
+    ENGINE = tpukit.use_engine(tpukit.notebook.choose_engine())    # first, before anything imports Keras
+    strategy = tpukit.notebook.connect(ENGINE)                      # None with the jax engine
     small = tpukit.notebook.choose_small(SMALL, strategy)           # None: small exactly when no TPU or GPU
-    name, recipe = tpukit.notebook.first_available({"mnist_cnn": [...], "digits_cnn": [...]}, strategy)
-    output_dir = tpukit.notebook.output_dir(OUTPUT_ROOT, name)      # Drive / gs:// survive a disconnect
+    name, recipe = tpukit.notebook.first_available({"mnist_cnn": [...], "digits_cnn": [...]}, strategy, ENGINE)
+    output_dir = tpukit.notebook.output_dir(OUTPUT_ROOT, name, engine=ENGINE)   # Drive / gs:// survive a disconnect
+
+With the jax engine there is no strategy: `strategy` is None, and the engine finds its devices (and the mesh of
+`runtime.mesh`) when it plans.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 
@@ -21,8 +26,37 @@ logger = logging.getLogger("tpukit")
 DRIVE_MOUNT = "/content/drive"
 
 
+def connect(engine: str = "tensorflow"):
+    """The strategy the notebook passes on: `tpukit.connect()` with the TensorFlow engine; None with the jax
+    engine (it connects when it plans; connecting TensorFlow to the TPU would take it from JAX)."""
+    if engine == "jax":
+        import jax
+
+        devices = jax.devices()
+        print(
+            f"jax engine: {len(devices)} {devices[0].platform.upper()} device(s) ({devices[0].device_kind})"
+        )
+        return None
+    if engine != "tensorflow":
+        raise ValueError(f"engine must be 'tensorflow' or 'jax'; received engine={engine!r}.")
+    from tpukit.engines.tensorflow.strategy import connect as tensorflow_connect
+
+    return tensorflow_connect()
+
+
+def scope(strategy):
+    """`strategy.scope()`, or (None: the jax engine) a scope that does nothing: Keras on JAX places variables
+    without one."""
+    return contextlib.nullcontext() if strategy is None else strategy.scope()
+
+
 def has_accelerator(strategy) -> bool:
-    """True when `strategy` trains on a TPU or this process sees a GPU."""
+    """True when `strategy` trains on a TPU or this process sees a GPU; `strategy` None (the jax engine): when
+    JAX's default backend is a TPU or a GPU."""
+    if strategy is None:
+        import jax
+
+        return jax.default_backend() in ("tpu", "gpu")
     import tensorflow as tf
 
     from tpukit.engines.tensorflow.strategy import kind_of
@@ -41,7 +75,16 @@ def choose_small(small: bool | None, strategy) -> bool:
     return small
 
 
-def output_dir(root: str, name: str, colab=None) -> str:
+def _newest_step(engine: str, checkpoint_dir: str) -> int:
+    """The step of the newest checkpoint of `engine`'s format in `checkpoint_dir` (0: none)."""
+    if engine == "jax":
+        from tpukit.engines.jax.checkpoint import newest_checkpoint_step as newest_jax_step
+
+        return newest_jax_step(checkpoint_dir)
+    return newest_checkpoint_step(checkpoint_dir)
+
+
+def output_dir(root: str, name: str, colab=None, engine: str = "tensorflow") -> str:
     """`root/name`, with Google Drive mounted or Colab authenticated for a `gs://` bucket first.
 
     Args:
@@ -51,6 +94,8 @@ def output_dir(root: str, name: str, colab=None) -> str:
             the notebook after a disconnect resumes from the newest checkpoint there.
         name: the run's folder name, e.g. the recipe name.
         colab: the `google.colab` module (tests pass a fake); default: imported when present.
+        engine: whose checkpoint format the resume step is read from ("tensorflow" or "jax"; one engine cannot
+            resume the other's checkpoints).
     """
     if not isinstance(root, str):
         raise ValueError(
@@ -72,14 +117,16 @@ def output_dir(root: str, name: str, colab=None) -> str:
         if colab is not None and root.startswith("gs://"):
             colab.auth.authenticate_user()
     path = root.rstrip("/") + "/" + name if root else os.path.join("runs", name)
-    step = newest_checkpoint_step(path.rstrip("/") + "/checkpoints")
+    step = _newest_step(engine, path.rstrip("/") + "/checkpoints")
     persistent = "persistent" if root.startswith((DRIVE_MOUNT, "gs://")) else "this runtime's disk"
     resume = f"; resumes from step {step}" if step else ""
     print(f"outputs: {path} ({persistent}{resume})")
     return path
 
 
-def first_available(candidates: dict[str, list[str]], strategy=None) -> tuple[str, Recipe]:
+def first_available(
+    candidates: dict[str, list[str]], strategy=None, engine: str | None = None
+) -> tuple[str, Recipe]:
     """The first recipe, in order, whose data this runtime can read, with its overrides applied.
 
     Each candidate is planned with `tpukit.plan` (which counts its examples, so TFDS downloads or reads its data
@@ -88,12 +135,14 @@ def first_available(candidates: dict[str, list[str]], strategy=None) -> tuple[st
 
     Args:
         candidates: {recipe name or path: `--set`-style overrides}, in order of preference.
-        strategy: passed to `tpukit.plan` (default: `tpukit.connect()`).
+        strategy: passed to `tpukit.plan` (default: `tpukit.connect()`; None with the jax engine).
+        engine: when given, `runtime.engine=ENGINE` is added to every candidate's overrides.
     """
     if not candidates:
         raise ValueError("first_available: no candidate recipes given.")
     failures = []
     for name, overrides in candidates.items():
+        overrides = [*overrides, f"runtime.engine={engine}"] if engine else list(overrides)
         recipe = load_recipe(name, list(overrides))
         try:
             plan(recipe, strategy)

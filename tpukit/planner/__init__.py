@@ -163,9 +163,7 @@ class Plan:
             f"recipe {self.recipe.path}, mode {self.mode}, engine {self.engine}",
             f"strategy {self.strategy_kind}: {self.replicas} replica(s), {self.input_pipelines} input pipeline(s)"
             + (
-                f", mesh data {self.mesh['data']} x model {self.mesh['model']}"
-                if self.mesh
-                else ""
+                f", mesh data {self.mesh['data']} x model {self.mesh['model']}" if self.mesh else ""
             ),
             f"global batch {self.global_batch_size} = {self.replicas} replica(s) x {self.per_replica_batch_size} "
             f"per replica; eval global batch {self.eval_global_batch_size}",

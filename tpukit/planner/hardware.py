@@ -65,7 +65,9 @@ def choose_jit_compile(requested, kind: str, replicas: int) -> Decision:
         )
     if kind.startswith("jax_"):
         if requested is False:
-            return Decision(False, "set in the recipe (Keras then runs JAX op by op: for debugging only)")
+            return Decision(
+                False, "set in the recipe (Keras then runs JAX op by op: for debugging only)"
+            )
         return Decision(True, "Keras on JAX compiles every step with XLA (jax.jit)")
     if requested != "auto":
         return Decision(bool(requested), "set in the recipe")

@@ -79,13 +79,17 @@ class Layouts:
             if count:
                 continue
             tail = pattern.split("/")[-1]
-            near = [p for p in paths if p.endswith(pattern)] or difflib.get_close_matches(
-                pattern, paths, n=3, cutoff=0.3
-            ) or [p for p in paths if p.endswith(tail)][:3]
+            near = (
+                [p for p in paths if p.endswith(pattern)]
+                or difflib.get_close_matches(pattern, paths, n=3, cutoff=0.3)
+                or [p for p in paths if p.endswith(tail)][:3]
+            )
             hint = (
                 f" It is matched whole against each path: {near[0]!r} needs '.*{pattern}' or '(.*/)?{pattern}'."
                 if near and near[0].endswith(pattern)
-                else f" Nearest paths: {', '.join(near[:3])}." if near else ""
+                else f" Nearest paths: {', '.join(near[:3])}."
+                if near
+                else ""
             )
             raise RecipeError(
                 f"{self.source}[{pattern!r}] matches no variable of the model ({len(paths)} variables), so it would "

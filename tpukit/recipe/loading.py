@@ -306,6 +306,25 @@ def _read_text(path: str) -> str:
 
 def load_recipe(name_or_path: str, overrides: list[str] | tuple[str, ...] = ()) -> Recipe:
     """Loads, overrides and validates a recipe. Raises RecipeError with a one-paragraph message."""
+    path, raw = _raw_recipe(name_or_path, overrides)
+    return from_dict(raw, path)
+
+
+def requested_engine(name_or_path: str, overrides: list[str] | tuple[str, ...] = ()) -> str:
+    """The `runtime.engine` a recipe (with its overrides) asks for, read without importing Keras, which fixes its
+    backend when first imported: the CLI sets KERAS_BACKEND from it. "tensorflow" when the recipe does not say or
+    cannot be read (`load_recipe` then reports why)."""
+    try:
+        _, raw = _raw_recipe(name_or_path, overrides)
+    except RecipeError:
+        return "tensorflow"
+    runtime = raw.get("runtime") if isinstance(raw, dict) else None
+    engine = runtime.get("engine") if isinstance(runtime, dict) else None
+    return engine if engine in ("tensorflow", "jax") else "tensorflow"
+
+
+def _raw_recipe(name_or_path: str, overrides) -> tuple[str, Any]:
+    """(path, the parsed YAML with the overrides applied), unvalidated."""
     path = resolve_path(name_or_path)
     text = _read_text(path)
     try:
@@ -329,7 +348,7 @@ def load_recipe(name_or_path: str, overrides: list[str] | tuple[str, ...] = ()) 
     if isinstance(raw, dict):
         for override in overrides:
             apply_override(raw, override, path)
-    return from_dict(raw, path)
+    return path, raw
 
 
 def recipe_text(recipe: Recipe) -> str:

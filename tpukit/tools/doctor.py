@@ -15,8 +15,13 @@ The steps, each an importable function tested against faked environments (tests/
    (a half-removed install, a protobuf or NumPy it was not built for) is a finding with the fix.
 4. `check_accelerator`: connects the way `tpukit.connect` does (tpu="local" on TPU VMs, $TPU_NAME,
    $COLAB_TPU_ADDR) and reports the strategy, replica count and TPU topology; a failure carries the cause and fix
-   from `tpukit.environment.diagnose`. Skipped, and reported as skipped, when TensorFlow failed step 2 or 3.
-5. `main`: prints the report and exits 0 when nothing failed, 1 otherwise (2 for bad flags).
+   from `tpukit.environment.diagnose`. Skipped, and reported as skipped, when TensorFlow failed step 2 or 3, or
+   when only the jax engine can use this TPU (TensorFlow's CPU build has no TPU kernels).
+5. `check_engines`: which engines can run here (`runtime.engine: tensorflow` or `jax`), each with the reason when
+   not. Keras' backend is not checked: the CLI sets it from the recipe's engine. On a TPU VM whose JAX finds the
+   TPU and that has no TensorFlow TPU build (Colab's and Kaggle's TPU runtimes ship JAX), step 2 recommends the jax
+   engine, which keeps that JAX and its libtpu, instead of tensorflow-tpu, which would replace the libtpu.
+6. `main`: prints the report and exits 0 when nothing failed, 1 otherwise (2 for bad flags).
 
 Importing this module imports neither TensorFlow nor Keras, so the doctor runs where they are missing, broken or out
 of range: tests/tools/test_doctor_blocked_imports.py runs it in such environments.
@@ -33,6 +38,7 @@ import math
 import os
 import sys
 
+from tpukit.engines.jax import compat as jax_compat
 from tpukit.engines.tensorflow import strategy
 from tpukit.environment import diagnose, versions
 
@@ -56,9 +62,10 @@ class Finding:
     """One line of the report.
 
     Attributes:
-        level: "ok", "warn" (can train, but read this), "fail" (cannot train) or "skip" (not checked; the message
-            says why, usually a failure above it).
-        topic: what was checked: a distribution ("tensorflow", "keras", ...) or "accelerator".
+        level: "ok", "warn" (can train, but read this), "fail" (cannot train) or "skip" (not checked, or an engine
+            that cannot run here while the other one can; the message says why).
+        topic: what was checked: a distribution ("tensorflow", "keras", ...), "accelerator", or an engine
+            ("tensorflow engine", "jax engine").
         message: what was found, with the values received.
         fix: the command or step that fixes it, or None.
     """
@@ -187,6 +194,73 @@ def _jax_libtpu_pin(requires: list[str] | None) -> str | None:
     return None
 
 
+def _libtpu_matches(pin: str, version: str) -> bool:
+    """Whether libtpu `version` satisfies jax's pin: '0.0.42.*' takes 0.0.42 and 0.0.42.1, '0.0.21' only itself."""
+    if pin.endswith(".*"):
+        return version == pin[:-2] or version.startswith(pin[:-1])
+    return version == pin
+
+
+def _dotted(bounds: tuple[int, int]) -> str:
+    return ".".join(map(str, bounds))
+
+
+def _in_range(version: str | None, bounds) -> bool:
+    return version is not None and bounds[0] <= versions.minor(version) < bounds[1]
+
+
+TF_RANGE = (versions.MIN_TF, versions.MAX_TF_EXCLUSIVE)
+JAX_ENGINE = "--set runtime.engine=jax"
+
+
+def jax_finds_the_tpu(runtime: Runtime, installed: dict[str, str | None], jax_requires) -> bool:
+    """A TPU VM with JAX and the libtpu its `tpu` extra pins, and no TensorFlow TPU build: Colab's and Kaggle's TPU
+    runtimes ship this. The jax engine trains here as it is; the tensorflow engine would need tensorflow-tpu, whose
+    libtpu replaces JAX's (TensorFlow's TPU build and JAX cannot share one TPU)."""
+    pin, libtpu = _jax_libtpu_pin(jax_requires), installed.get("libtpu")
+    return (
+        runtime.accelerator == "tpu_vm"
+        and not installed.get("tensorflow-tpu")
+        and bool(installed.get("jax") and pin and libtpu and _libtpu_matches(pin, libtpu))
+    )
+
+
+def _jax_engine_fix(installed: dict[str, str | None]) -> str:
+    """Trains with the runtime's JAX: installs only what the jax engine lacks (a JAX in range, with its libtpu;
+    TensorFlow's CPU build for tf.data), then `--set runtime.engine=jax`. A restart only when something installed
+    is replaced."""
+    packages, remove = [], ""
+    if not _in_range(installed.get("jax"), jax_compat.JAX_TESTED):
+        packages.append(
+            f'"jax[tpu]>={_dotted(jax_compat.JAX_TESTED[0])},<{_dotted(jax_compat.JAX_TESTED[1])}"'
+        )
+    cpu = installed.get("tensorflow") or installed.get("tensorflow-cpu")
+    if not _in_range(cpu, TF_RANGE):
+        packages.append(f'"tensorflow-cpu>={_dotted(TF_RANGE[0])},<{_dotted(TF_RANGE[1])}"')
+        remove = "`pip uninstall -y tensorflow tensorflow-cpu` then " if cpu else ""
+    train = f"train with the jax engine: `python -m tpukit.train RECIPE {JAX_ENGINE}`"
+    if not packages:
+        return train
+    # Only replacing what is installed (the runtime's JAX, a TensorFlow) needs a restart, not adding a package.
+    replaces = remove or packages[0].startswith('"jax')
+    after = RESTART if replaces else "no restart needed (nothing imported is replaced)"
+    return f"{remove}`pip install {' '.join(packages)}`, {after}; then {train}"
+
+
+def _jax_engine_ready(installed: dict[str, str | None]) -> bool:
+    """JAX in the jax engine's range and TensorFlow's CPU build in tpukit's: `_jax_engine_fix` installs nothing."""
+    cpu = installed.get("tensorflow") or installed.get("tensorflow-cpu")
+    return _in_range(installed.get("jax"), jax_compat.JAX_TESTED) and _in_range(cpu, TF_RANGE)
+
+
+def _jax_engine_note(installed: dict[str, str | None]) -> str:
+    return (
+        f"This TPU runtime's JAX finds the TPU (jax {installed.get('jax')}, libtpu {installed.get('libtpu')}): the "
+        "jax engine trains on it with TensorFlow's CPU build for tf.data, keeping that libtpu. The tensorflow "
+        f"engine would need tensorflow-tpu, whose libtpu {versions.pinned_tpu().libtpu} replaces JAX's."
+    )
+
+
 def _version_tuple(version: str) -> tuple[int, ...]:
     parts = []
     for piece in version.split(".")[:3]:
@@ -259,7 +333,7 @@ def check_versions(
     """
     if version_of is None:
         version_of = lambda name: installed[name] if name in installed else _version_or_none(name)  # noqa: E731
-    findings = _check_tensorflow(runtime, installed)
+    findings = _check_tensorflow(runtime, installed, jax_requires)
     tf_cpu = installed.get("tensorflow") or installed.get("tensorflow-cpu")
     tf_tpu = installed.get("tensorflow-tpu")
     tf_dist = (
@@ -284,8 +358,11 @@ def _cpu_fix() -> str:
     return f"`{versions.tensorflow_install_command()}`, {RESTART}"
 
 
-def _check_tensorflow(runtime: Runtime, installed: dict[str, str | None]) -> list[Finding]:
-    """The TensorFlow build against this runtime: a TPU build on a TPU VM, the declared range elsewhere."""
+def _check_tensorflow(
+    runtime: Runtime, installed: dict[str, str | None], jax_requires: list[str] | None = None
+) -> list[Finding]:
+    """The TensorFlow build against this runtime: a TPU build on a TPU VM (or, where JAX finds the TPU, the CPU
+    build the jax engine reads its input with), the declared range elsewhere."""
     findings = []
     tpu_fix = _tpu_fix()
     cpu_fix = _cpu_fix()
@@ -293,7 +370,16 @@ def _check_tensorflow(runtime: Runtime, installed: dict[str, str | None]) -> lis
     tf_tpu = installed.get("tensorflow-tpu")
     wants_tpu_build = runtime.accelerator == "tpu_vm"
 
-    if not tf_cpu and not tf_tpu:
+    if not tf_cpu and not tf_tpu and jax_finds_the_tpu(runtime, installed, jax_requires):
+        findings.append(
+            Finding(
+                "fail",
+                "tensorflow",
+                f"TensorFlow is not installed. {_jax_engine_note(installed)}",
+                _jax_engine_fix(installed),
+            )
+        )
+    elif not tf_cpu and not tf_tpu:
         findings.append(
             Finding(
                 "fail",
@@ -303,21 +389,34 @@ def _check_tensorflow(runtime: Runtime, installed: dict[str, str | None]) -> lis
             )
         )
     elif wants_tpu_build:
-        findings += _check_tpu_build(runtime, installed)
+        findings += _check_tpu_build(runtime, installed, jax_requires)
     else:
         findings += _check_other_build(runtime, installed)
     return findings
 
 
-def _check_tpu_build(runtime: Runtime, installed: dict[str, str | None]) -> list[Finding]:
-    """On a TPU VM: the TensorFlow build must be tensorflow-tpu with its libtpu (the pinned row)."""
+def _check_tpu_build(
+    runtime: Runtime, installed: dict[str, str | None], jax_requires: list[str] | None = None
+) -> list[Finding]:
+    """On a TPU VM: the TensorFlow build must be tensorflow-tpu with its libtpu (the pinned row), unless JAX finds
+    the TPU: then the CPU build in range is what the jax engine needs (a warning: the tensorflow engine cannot)."""
     findings = []
     pinned = versions.pinned_tpu()
     tpu_fix = _tpu_fix()
     tf_cpu = installed.get("tensorflow") or installed.get("tensorflow-cpu")
     tf_tpu = installed.get("tensorflow-tpu")
     libtpu = installed.get("libtpu")
-    if not tf_tpu:
+    if not tf_tpu and jax_finds_the_tpu(runtime, installed, jax_requires):
+        findings.append(
+            Finding(
+                "warn" if _jax_engine_ready(installed) else "fail",
+                "tensorflow",
+                f"this TPU VM's TensorFlow is the CPU/GPU wheel (tensorflow {tf_cpu}), which has no TPU kernels: "
+                f"the tensorflow engine cannot use the TPU. {_jax_engine_note(installed)}",
+                _jax_engine_fix(installed),
+            )
+        )
+    elif not tf_tpu:
         findings.append(
             Finding(
                 "fail",
@@ -478,7 +577,7 @@ def _check_jax(installed: dict[str, str | None], jax_requires: list[str] | None)
     jax_version = installed.get("jax")
     if jax_version and tf_tpu:
         wanted = _jax_libtpu_pin(jax_requires)
-        if wanted and libtpu and wanted != libtpu:
+        if wanted and libtpu and not _libtpu_matches(wanted, libtpu):
             findings.append(
                 Finding(
                     "warn",
@@ -650,6 +749,115 @@ def _tensorflow_failed(findings: list[Finding]) -> bool:
     )
 
 
+def _tensorflow_dist(installed: dict[str, str | None]) -> str | None:
+    """The installed distribution that provides the `tensorflow` module (the TPU build first), or None."""
+    return next(
+        (d for d in ("tensorflow-tpu", "tensorflow", "tensorflow-cpu") if installed.get(d)), None
+    )
+
+
+def _failed(findings: list[Finding], *topics: str) -> str | None:
+    """The message of the first failed finding about one of `topics`, or None."""
+    return next((f.message for f in findings if f.level == "fail" and f.topic in topics), None)
+
+
+def _tensorflow_engine_problem(
+    runtime: Runtime, installed: dict[str, str | None], findings
+) -> str | None:
+    """Why the tensorflow engine cannot run here (TensorFlow and Keras in range, TensorFlow imports, the TPU build
+    on a TPU VM, the connection), or None."""
+    problem = _failed(
+        findings, "tensorflow", "tensorflow import", "keras", "tensorflow-datasets", "accelerator"
+    )
+    if problem is None and runtime.accelerator == "tpu_vm" and not installed.get("tensorflow-tpu"):
+        problem = "on a TPU VM it needs TensorFlow's TPU build (tensorflow-tpu); the CPU/GPU wheel has no TPU kernels."
+    return problem
+
+
+def _jax_tpu_problem(
+    runtime: Runtime, installed: dict[str, str | None], jax_requires
+) -> str | None:
+    """Why JAX would not train on this TPU VM's TPU (TensorFlow's TPU build, or not the libtpu jax pins), or None."""
+    libtpu, pin = installed.get("libtpu"), _jax_libtpu_pin(jax_requires)
+    if installed.get("tensorflow-tpu"):
+        return (
+            f"tensorflow-tpu {installed['tensorflow-tpu']} is installed: TensorFlow's TPU build and JAX cannot "
+            f"share one TPU, and it brought the libtpu TensorFlow needs ({libtpu}). Fix: a fresh runtime without "
+            'tensorflow-tpu, then `pip install "tpukit[jax-tpu]"`.'
+        )
+    if not jax_finds_the_tpu(runtime, installed, jax_requires):
+        low, high = (_dotted(b) for b in jax_compat.JAX_TESTED)
+        return (
+            f"JAX would not find the TPU: jax {installed.get('jax')} needs the libtpu its `tpu` extra pins ({pin}); "
+            f'installed: {libtpu or "none"}. Fix: `pip install "jax[tpu]>={low},<{high}"`, {RESTART}.'
+        )
+    return None
+
+
+def _jax_engine_problem(
+    runtime: Runtime, installed: dict[str, str | None], findings, jax_requires
+) -> str | None:
+    """Why the jax engine cannot run here (`tpukit.engines.jax.compat.installed_jax`, Keras in range, TensorFlow in
+    range for tf.data; on a TPU VM, JAX's own libtpu and no TensorFlow TPU build), or None."""
+    try:
+        jax_compat.installed_jax()
+    except ImportError as error:
+        return str(error)
+    problem = _failed(findings, "keras", "tensorflow-datasets")
+    if problem is None and runtime.accelerator == "tpu_vm":
+        problem = _jax_tpu_problem(runtime, installed, jax_requires)
+    if problem:
+        return problem
+    dist = _tensorflow_dist(installed)
+    bounds = f">={_dotted(TF_RANGE[0])},<{_dotted(TF_RANGE[1])}"
+    if dist is None:
+        return (
+            "tf.data reads the input and needs TensorFlow's CPU build, which is not installed. Fix: "
+            f'`pip install "tensorflow-cpu{bounds}"`.'
+        )
+    if not _in_range(installed[dist], TF_RANGE):
+        return (
+            f"tf.data reads the input with TensorFlow {bounds}; installed: {dist} {installed[dist]}. Fix: "
+            f'`pip install "{dist}{bounds}"`, {RESTART}.'
+        )
+    problem = _failed(findings, "tensorflow import")
+    return problem and f"tf.data needs TensorFlow, which does not import: {problem}"
+
+
+def check_engines(
+    runtime: Runtime,
+    installed: dict[str, str | None],
+    findings: list[Finding],
+    jax_requires: list[str] | None = None,
+) -> dict[str, str | None]:
+    """{engine: None when it can run here, else why not (with the fix)}, from the findings of the other steps.
+
+    Keras' backend is not a condition: the CLI sets KERAS_BACKEND from the recipe's `runtime.engine`.
+    """
+    return {
+        "tensorflow": _tensorflow_engine_problem(runtime, installed, findings),
+        "jax": _jax_engine_problem(runtime, installed, findings, jax_requires),
+    }
+
+
+def engine_findings(
+    problems: dict[str, str | None], installed: dict[str, str | None]
+) -> list[Finding]:
+    """One line per engine: "ok" when it can run, else "skip" when the other can and "fail" when none can."""
+    tensorflow = installed.get(_tensorflow_dist(installed) or "")
+    how = {
+        "tensorflow": f"the default (runtime.engine: tensorflow); tensorflow {tensorflow}",
+        "jax": f"`{JAX_ENGINE}` (runtime.engine: jax); jax {installed.get('jax')}, tf.data on tensorflow {tensorflow}",
+    }
+    unusable = "skip" if None in problems.values() else "fail"
+    return [
+        Finding("ok", f"{name} engine", f"can run: {how[name]}.")
+        if problem is None
+        else Finding(unusable, f"{name} engine", f"cannot run here: {problem}")
+        for name, problem in problems.items()
+    ]
+
+
 def diagnose_environment(
     tpu: str | None = None,
     connect=_default_connect,
@@ -670,9 +878,7 @@ def diagnose_environment(
         jax_requires = importlib.metadata.requires("jax") if installed.get("jax") else None
     except importlib.metadata.PackageNotFoundError:
         jax_requires = None
-    tf_dist = next(
-        (d for d in ("tensorflow-tpu", "tensorflow", "tensorflow-cpu") if installed.get(d)), None
-    )
+    tf_dist = _tensorflow_dist(installed)
     tf_requires = importlib.metadata.requires(tf_dist) if tf_dist else None
     findings = check_versions(runtime, installed, jax_requires, tf_requires)
     if not _tensorflow_failed(findings):
@@ -687,15 +893,30 @@ def diagnose_environment(
                 "[FAIL] tensorflow line above).",
             )
         )
+    elif jax_finds_the_tpu(runtime, installed, jax_requires):
+        findings.append(
+            Finding(
+                "skip",
+                "accelerator",
+                "not checked: the doctor connects through TensorFlow, whose CPU build has no TPU kernels; the jax "
+                "engine finds the TPU through JAX when it starts.",
+            )
+        )
     else:
         accelerator, more = check_accelerator(runtime, tpu, connect)
         findings += more
+    problems = check_engines(runtime, installed, findings, jax_requires)
+    findings += engine_findings(problems, installed)
     return {
         "ok": not any(f.level == "fail" for f in findings),
         "runtime": dataclasses.asdict(runtime),
         "python": sys.version.split()[0],
         "versions": installed,
         "accelerator": accelerator,
+        "engines": {
+            name: {"can_run": problem is None, "reason": problem}
+            for name, problem in problems.items()
+        },
         "findings": [dataclasses.asdict(f) for f in findings],
     }
 

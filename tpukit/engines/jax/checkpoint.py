@@ -58,7 +58,13 @@ class Value:
 class RunState:
     """What the TensorFlow engine's `checkpoint.RunState` holds, as plain values saved in each `.npz`."""
 
-    NAMES = ("skipped_steps", "early_stopping_best", "early_stopping_wait", "stopped_early", "export_best")
+    NAMES = (
+        "skipped_steps",
+        "early_stopping_best",
+        "early_stopping_wait",
+        "stopped_early",
+        "export_best",
+    )
 
     def __init__(self):
         self.skipped_steps = Value(0)
@@ -224,7 +230,9 @@ class Checkpointer:
             try:
                 self._restore_one(candidate)
             except _READ_ERRORS as error:
-                failures.append(f"{candidate} ({type(error).__name__}: {str(error).splitlines()[0][:200]})")
+                failures.append(
+                    f"{candidate} ({type(error).__name__}: {str(error).splitlines()[0][:200]})"
+                )
                 logger.warning(
                     "tpukit: checkpoint %s is incomplete or damaged (%s)%s",
                     candidate,
@@ -259,7 +267,11 @@ class Checkpointer:
         found = [(p, tuple(a.shape)) for p, a in zip(saved_paths, arrays, strict=True)]
         if expected != found:
             difference = next(
-                (f"{e} here, {f} in the checkpoint" for e, f in zip(expected, found, strict=False) if e != f),
+                (
+                    f"{e} here, {f} in the checkpoint"
+                    for e, f in zip(expected, found, strict=False)
+                    if e != f
+                ),
                 f"{len(expected)} variables here, {len(found)} in the checkpoint",
             )
             raise CheckpointMismatchError(

@@ -28,7 +28,7 @@ def installed_jax() -> str:
         version = metadata.version("jax")
     except metadata.PackageNotFoundError:
         raise ImportError(
-            "tpukit's jax engine needs JAX. Fix: `pip install \"tpukit[jax]\"` on CPU/GPU, or "
+            'tpukit\'s jax engine needs JAX. Fix: `pip install "tpukit[jax]"` on CPU/GPU, or '
             '`pip install "tpukit[jax-tpu]"` on a TPU VM (a Colab or Kaggle TPU runtime has JAX already).'
         ) from None
     low, high = (".".join(map(str, v)) for v in JAX_TESTED)
@@ -38,7 +38,9 @@ def installed_jax() -> str:
             f'`pip install "jax>={low},<{high}"` and restart the runtime'
         )
         if os.environ.get(ALLOW_UNTESTED_JAX) == "1":
-            logging.getLogger("tpukit").warning("tpukit: %s (continuing: %s=1).", message, ALLOW_UNTESTED_JAX)
+            logging.getLogger("tpukit").warning(
+                "tpukit: %s (continuing: %s=1).", message, ALLOW_UNTESTED_JAX
+            )
             return version
         raise ImportError(f"{message}, or set {ALLOW_UNTESTED_JAX}=1 to try it anyway.")
     return version

@@ -147,7 +147,9 @@ def hardware(recipe: Recipe, strategy, output_dir: str) -> Hardware:
         replicas=strategy.data,
         input_pipelines=strategy.processes,
         worker=worker,
-        gpu_compute_capability=tuple(int(p) for p in str(capability).split(".")[:2]) if capability else None,
+        gpu_compute_capability=tuple(int(p) for p in str(capability).split(".")[:2])
+        if capability
+        else None,
         handle=strategy,
         mesh=strategy.sizes,
     )
@@ -169,7 +171,9 @@ def checkpoints(checkpoint_dir: str, checkpoint: str | None) -> CheckpointFacts:
             "by a finished run, can start a jax run: --set model.init_weights=<dir>/model.keras)."
         )
     requested = bool(checkpoint) and tf.io.gfile.exists(
-        checkpoint if checkpoint.endswith(checkpoint_lib.SUFFIX) else checkpoint + checkpoint_lib.SUFFIX
+        checkpoint
+        if checkpoint.endswith(checkpoint_lib.SUFFIX)
+        else checkpoint + checkpoint_lib.SUFFIX
     )
     return CheckpointFacts(newest_step=step, requested_exists=requested)
 
@@ -222,13 +226,17 @@ def _input_context(the_plan: Plan) -> tf.distribute.InputContext:
 
 
 def _train_dataset(the_plan: Plan, spec=None):
-    train_fn, _ = task.input_fns(the_plan.recipe, the_plan.eval_examples, the_plan.steps_per_epoch, spec)
+    train_fn, _ = task.input_fns(
+        the_plan.recipe, the_plan.eval_examples, the_plan.steps_per_epoch, spec
+    )
     context = _input_context(the_plan)
     return lambda position: train_fn(context, skip_steps=position)
 
 
 def _eval_dataset(the_plan: Plan, spec=None):
-    _, eval_fn = task.input_fns(the_plan.recipe, the_plan.eval_examples, the_plan.steps_per_epoch, spec)
+    _, eval_fn = task.input_fns(
+        the_plan.recipe, the_plan.eval_examples, the_plan.steps_per_epoch, spec
+    )
     context = _input_context(the_plan)
     return lambda: eval_fn(context)
 
@@ -247,7 +255,9 @@ class Session:
     sharded: dict = dataclasses.field(default_factory=dict)
 
 
-def _compiled(the_plan: Plan, distribution, steps_per_execution: int, total_steps: int, resuming=False):
+def _compiled(
+    the_plan: Plan, distribution, steps_per_execution: int, total_steps: int, resuming=False
+):
     recipe = the_plan.recipe
     with distribution.scope():
         try:
@@ -272,7 +282,9 @@ def _resolve_steps_per_execution(the_plan: Plan) -> Plan:
         return the_plan
 
     def probe_model():
-        return _compiled(the_plan, _distribution(the_plan.recipe, the_plan.strategy), 1, the_plan.steps_per_epoch)
+        return _compiled(
+            the_plan, _distribution(the_plan.recipe, the_plan.strategy), 1, the_plan.steps_per_epoch
+        )
 
     chosen = tf_engine.probe_steps_per_execution(the_plan, probe_model, _train_dataset)
     return the_plan.resolved(chosen)
@@ -284,7 +296,9 @@ def _restore(the_plan: Plan, checkpointer) -> int:
         if the_plan.training and the_plan.strategy.processes > 1:
             from jax.experimental import multihost_utils
 
-            steps = np.asarray(multihost_utils.process_allgather(np.array([step], np.int64))).ravel()
+            steps = np.asarray(
+                multihost_utils.process_allgather(np.array([step], np.int64))
+            ).ravel()
             agreed = int(steps.min())
             if agreed != step:
                 if not agreed:
@@ -298,7 +312,11 @@ def _restore(the_plan: Plan, checkpointer) -> int:
         raise RecipeError(str(error)) from None
     if the_plan.training and step != the_plan.resume_step:
         planner.check_resume(
-            the_plan.recipe, the_plan.steps_per_epoch, the_plan.total_steps, the_plan.steps_per_execution, step
+            the_plan.recipe,
+            the_plan.steps_per_epoch,
+            the_plan.total_steps,
+            the_plan.steps_per_execution,
+            step,
         )
     return step
 
@@ -318,7 +336,9 @@ def build(the_plan: Plan) -> Session:
         the_plan.total_steps,
         resuming=the_plan.resume_step > 0,
     )
-    keras.distribution.set_distribution(distribution)  # fit, evaluate and save read it; `explained` restores
+    keras.distribution.set_distribution(
+        distribution
+    )  # fit, evaluate and save read it; `explained` restores
     sharded = distribution.layouts.sharded()
     mesh = the_plan.strategy
     logger.info(
@@ -363,7 +383,11 @@ def train(session: Session, callbacks: list | None = None):
         _use_averages(session.model)
         return trainer.Outcome("done", {}, 0)
     if session.start_step >= the_plan.total_steps:
-        logger.info("tpukit: all %d epochs are done already (step %d)", recipe.train.epochs, session.start_step)
+        logger.info(
+            "tpukit: all %d epochs are done already (step %d)",
+            recipe.train.epochs,
+            session.start_step,
+        )
     started = time.time()
     spec = task.spec_of(session.model)
     outcome = trainer.fit_with_recovery(
@@ -418,7 +442,9 @@ def evaluate(session: Session, outcome) -> dict[str, float]:
         verbose=_verbose(the_plan.recipe.runtime.verbose),
         callbacks=[callbacks_lib.ExactValidationLoss(exact_loss)],
     )
-    return callbacks_lib.with_aliases({k: float(v) for k, v in results.items()}, exact_loss=exact_loss)
+    return callbacks_lib.with_aliases(
+        {k: float(v) for k, v in results.items()}, exact_loss=exact_loss
+    )
 
 
 def export(session: Session, outcome) -> dict[str, str]:
@@ -445,12 +471,22 @@ def export(session: Session, outcome) -> dict[str, str]:
     saved_model = os.path.join(the_plan.output_dir, SAVED_MODEL_DIRNAME)
     environment = dict(os.environ, KERAS_BACKEND="tensorflow", JAX_PLATFORMS="cpu")
     environment.pop("XLA_FLAGS", None)
-    command = [sys.executable, "-m", "tpukit.engines.tensorflow.export", keras_path, the_plan.output_dir]
+    command = [
+        sys.executable,
+        "-m",
+        "tpukit.engines.tensorflow.export",
+        keras_path,
+        the_plan.output_dir,
+    ]
     started = time.time()
     result = subprocess.run(command, env=environment, capture_output=True, text=True, check=False)
     if result.returncode == 0:
         exported["saved_model"] = saved_model
-        logger.info("tpukit: exported %s with the TensorFlow backend in %.1fs", saved_model, time.time() - started)
+        logger.info(
+            "tpukit: exported %s with the TensorFlow backend in %.1fs",
+            saved_model,
+            time.time() - started,
+        )
     else:
         logger.warning(
             "tpukit: model.keras is saved, but the SavedModel export (a TensorFlow-backend process) failed: %s",
@@ -470,10 +506,16 @@ def _flops_per_example(model) -> float | None:
         trainable = [jax.ShapeDtypeStruct(v.shape, v.dtype) for v in model.trainable_variables]
         other = [jax.ShapeDtypeStruct(v.shape, v.dtype) for v in model.non_trainable_variables]
         names = [t.name for t in inputs]
-        keyed = isinstance(model._inputs_struct, dict) if hasattr(model, "_inputs_struct") else False
+        keyed = (
+            isinstance(model._inputs_struct, dict) if hasattr(model, "_inputs_struct") else False
+        )
 
         def forward(trainable, other, xs):
-            x = dict(zip(names, xs, strict=True)) if keyed else (xs[0] if len(xs) == 1 else list(xs))
+            x = (
+                dict(zip(names, xs, strict=True))
+                if keyed
+                else (xs[0] if len(xs) == 1 else list(xs))
+            )
             return model.stateless_call(trainable, other, x, training=False)[0]
 
         cost = jax.jit(forward).lower(trainable, other, specs).cost_analysis()
@@ -481,7 +523,9 @@ def _flops_per_example(model) -> float | None:
         flops_forward = float(cost.get("flops", 0.0)) if cost else 0.0
         return 3.0 * flops_forward if flops_forward > 0 else None
     except Exception as error:  # noqa: BLE001 - MFU is a report: it must never stop a run
-        logger.info("tpukit: no FLOP count, so no MFU (%s: %s)", type(error).__name__, str(error)[:200])
+        logger.info(
+            "tpukit: no FLOP count, so no MFU (%s: %s)", type(error).__name__, str(error)[:200]
+        )
         return None
 
 
@@ -496,7 +540,9 @@ def _peak_flops(the_plan: Plan) -> tuple[float | None, str]:
         generation = flops.tpu_generation(kind)
         if generation is None:
             return None, f"unknown TPU device kind {kind!r}; no peak FLOP/s, so no MFU"
-        per_device = flops.PEAK_BF16_FLOPS_PER_CHIP[generation] / (2 if generation in ("v2", "v3") else 1)
+        per_device = flops.PEAK_BF16_FLOPS_PER_CHIP[generation] / (
+            2 if generation in ("v2", "v3") else 1
+        )
         return per_device * devices, (
             f"TPU {generation} bfloat16 peak {flops.PEAK_BF16_FLOPS_PER_CHIP[generation] / 1e12:g} TFLOP/s per chip "
             f"x {devices} JAX device(s)"

@@ -100,8 +100,15 @@ def remote_files():
 
 def checkpoints(checkpoint_dir: str, checkpoint: str | None) -> CheckpointFacts:
     """The newest checkpoint's step in `checkpoint_dir`, and whether `checkpoint` (a path) exists."""
+    step = checkpoint_lib.newest_checkpoint_step(checkpoint_dir)
+    if not step and tf.io.gfile.glob(os.path.join(checkpoint_dir, "ckpt-*.npz")):
+        raise RecipeError(
+            f"{checkpoint_dir} holds checkpoints of the jax engine, which the tensorflow engine cannot read. Fix: "
+            "resume it with --set runtime.engine=jax, or pass another --output_dir (model.keras, exported by a "
+            "finished run, can start a tensorflow run: --set model.init_weights=<dir>/model.keras)."
+        )
     return CheckpointFacts(
-        newest_step=checkpoint_lib.newest_checkpoint_step(checkpoint_dir),
+        newest_step=step,
         requested_exists=bool(checkpoint) and tf.io.gfile.exists(checkpoint + ".index"),
     )
 

@@ -118,7 +118,9 @@ def export_model(
     with _removed_on_failure(temporary):
         model.save(temporary)
         tf.io.gfile.rename(temporary, keras_path, overwrite=True)
-    export_saved_model(model, output_dir, io_device=io_device, features=features, signature=signature)
+    export_saved_model(
+        model, output_dir, io_device=io_device, features=features, signature=signature
+    )
     return {"keras": keras_path, "saved_model": saved_model_path}
 
 

@@ -1,0 +1,70 @@
+"""A jax-engine run in its own process (the test process is on Keras' TensorFlow backend, fixed at import):
+
+    python tests/engines/jax/child.py '{"recipe": ..., "overrides": [...], "output_dir": ..., "kill_at_step": 3}'
+
+Runs `tpukit.run` on the JAX backend and prints one line `RESULT {json}`: the metrics, the loss logged after every
+step, and for each trainable variable its global shape, the shape of the shard on the first device and its
+`PartitionSpec` (read from the arrays themselves, so a layout that shards nothing cannot pass for one that does).
+`kill_at_step`: SIGKILL this process once that step has ended (after any checkpoint saved at it).
+"""
+
+import contextlib
+import json
+import os
+import signal
+import sys
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import tpukit  # noqa: E402
+
+tpukit.use_engine("jax")
+
+import keras  # noqa: E402
+
+
+class Recorder(keras.callbacks.Callback):
+    def __init__(self, kill_at_step):
+        super().__init__()
+        self.losses, self.shards, self.kill_at_step = [], {}, kill_at_step
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.losses.append(float(logs["loss"]))
+        step = int(self.model.optimizer.iterations.numpy())
+        if self.kill_at_step and step >= self.kill_at_step:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def on_train_end(self, logs=None):
+        for v in self.model.trainable_variables:
+            array = v.value
+            self.shards[v.path] = {
+                "shape": list(array.shape),
+                "shard": list(array.addressable_shards[0].data.shape),
+                "spec": str(getattr(array.sharding, "spec", "")),
+                "devices": len(array.sharding.device_set),
+            }
+
+
+def main(config: dict) -> None:
+    recipe = tpukit.load_recipe(
+        config["recipe"], ["runtime.engine=jax", *config.get("overrides", [])]
+    )
+    recorder = Recorder(config.get("kill_at_step"))
+    mock = contextlib.nullcontext()
+    if config.get("mock_tfds"):
+        import tensorflow_datasets as tfds
+
+        mock = tfds.testing.mock_data(num_examples=64)
+    with mock:
+        metrics = tpukit.run(recipe, config["output_dir"], callbacks=[recorder])
+    print(
+        "RESULT "
+        + json.dumps(
+            {"metrics": metrics, "losses": recorder.losses, "shards": recorder.shards}, default=str
+        )
+    )
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]))

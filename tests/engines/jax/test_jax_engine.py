@@ -1,0 +1,203 @@
+"""The jax engine on 8 virtual CPU devices (`XLA_FLAGS=--xla_force_host_platform_device_count=8`), each run in its
+own process (`child.py`). What this proves: Keras on JAX with tpukit's mesh, layouts and trainer computes the same
+losses over a data x model mesh as on one device, the weights really are split, and a SIGKILLed run resumes to the
+same weights. What it does not: anything about a TPU or a GPU (none here), or speed.
+"""
+
+import json
+import os
+
+import keras
+import numpy as np
+import pytest
+from helpers import run_cli, train_in_process
+
+import tpukit
+
+SMALL_LM = [
+    "train.epochs=2",
+    "train.steps_per_epoch=3",
+    "train.warmup_steps=2",
+    "data.max_bytes=100000",
+    "runtime.checkpoint_every_steps=2",
+    "runtime.verbose=0",
+]
+
+
+def _mesh(data, model):
+    return [f"runtime.mesh.data={data}", f"runtime.mesh.model={model}"]
+
+
+@pytest.fixture(scope="module")
+def lm_runs(jax_run, tmp_path_factory):
+    """textfiles_char_lm, 6 Adam steps, on a 1x1 mesh and on a 2x4 mesh."""
+    runs = {}
+    for data, model in ((1, 1), (2, 4)):
+        out = str(tmp_path_factory.mktemp(f"lm_{data}x{model}"))
+        code, result, output = jax_run(
+            {
+                "recipe": "textfiles_char_lm",
+                "overrides": SMALL_LM + _mesh(data, model),
+                "output_dir": out,
+            }
+        )
+        assert code == 0 and result, output[-3000:]
+        runs[(data, model)] = (out, result)
+    return runs
+
+
+def test_model_parallel_2x4_gives_the_single_device_losses(lm_runs):
+    _, one = lm_runs[(1, 1)]
+    _, mesh = lm_runs[(2, 4)]
+    assert len(one["losses"]) == len(mesh["losses"]) == 6
+    np.testing.assert_allclose(mesh["losses"], one["losses"], rtol=0, atol=1e-5)
+    np.testing.assert_allclose(
+        mesh["metrics"]["eval"]["loss"], one["metrics"]["eval"]["loss"], atol=1e-5
+    )
+    assert mesh["metrics"]["mesh"] == {"data": 2, "model": 4}
+    assert mesh["metrics"]["engine"] == "jax" and mesh["metrics"]["strategy"] == "ModelParallel"
+
+
+def test_the_kernels_really_are_split_over_the_model_axis(lm_runs):
+    _, mesh = lm_runs[(2, 4)]
+    shards = mesh["shards"]
+    # Read from the arrays: a column-split kernel holds a quarter of its columns on each device.
+    qkv = shards["block0/attention/qkv/kernel"]
+    assert qkv["shape"] == [128, 384] and qkv["shard"] == [128, 96] and qkv["devices"] == 8
+    assert shards["block0/attention/output/kernel"]["shard"] == [32, 128]  # row-split
+    assert shards["block0/mlp_in/kernel"]["shard"] == [128, 128]
+    assert shards["token_embedding/embeddings"]["shard"] == [256, 32]
+    assert shards["block0/attention_norm/gamma"]["shard"] == [128]  # norms stay whole
+    reported = mesh["metrics"]["sharded"]
+    assert reported["block0/attention/qkv/kernel"] == [None, "model"]
+    assert sorted(reported) == sorted(p for p, s in shards.items() if s["shard"] != s["shape"])
+    _, one = lm_runs[(1, 1)]
+    assert all(s["shard"] == s["shape"] for s in one["shards"].values())
+    assert one["metrics"]["sharded"] == {}
+
+
+def _weights(path):
+    model = keras.saving.load_model(
+        path, compile=False
+    )  # a jax-trained model.keras, read on TensorFlow
+    return [np.asarray(w) for w in model.weights]
+
+
+def test_sigkill_then_rerun_ends_with_the_uninterrupted_weights(lm_runs, jax_run, tmp_path):
+    out = str(tmp_path / "killed")
+    config = {"recipe": "textfiles_char_lm", "overrides": SMALL_LM + _mesh(2, 4), "output_dir": out}
+    code, result, output = jax_run({**config, "kill_at_step": 5})
+    assert code == -9 and result is None, output[-2000:]
+    # Killed before step 5's save: the newest checkpoint is the epoch end (step 3), saved mid-run.
+    saved = sorted(os.listdir(os.path.join(out, "checkpoints")))
+    assert saved == ["ckpt-0.npz", "ckpt-2.npz", "ckpt-3.npz"], saved
+    code, result, output = jax_run(config)
+    assert code == 0, output[-3000:]
+    assert result["metrics"]["resumed_from_step"] == 3 and result["metrics"]["step"] == 6
+    reference_dir, reference = lm_runs[(2, 4)]
+    np.testing.assert_array_equal(result["losses"][-1], reference["losses"][-1])
+    for resumed, uninterrupted in zip(
+        _weights(os.path.join(out, "model.keras")),
+        _weights(os.path.join(reference_dir, "model.keras")),
+        strict=True,
+    ):
+        np.testing.assert_array_equal(resumed, uninterrupted)
+
+
+def test_the_export_serves_the_trained_model(lm_runs):
+    import tensorflow as tf
+
+    out, result = lm_runs[(2, 4)]
+    assert result["metrics"]["exported"] == {
+        "keras": os.path.join(out, "model.keras"),
+        "saved_model": os.path.join(out, "saved_model"),
+    }
+    tokens = np.arange(128, dtype=np.int32)[None] % 256
+    loaded = tf.saved_model.load(
+        os.path.join(out, "saved_model")
+    )  # kept: its function reads its variables
+    served = loaded.serve(tokens)
+    expected = keras.saving.load_model(os.path.join(out, "model.keras"), compile=False)(tokens)
+    np.testing.assert_allclose(np.asarray(served), np.asarray(expected), atol=1e-5)
+    with open(os.path.join(out, "metrics.json")) as f:
+        assert json.load(f)["mesh"] == {"data": 2, "model": 4}
+
+
+@pytest.mark.slow
+def test_data_parallel_over_8_devices_gives_the_single_device_losses(lm_runs, jax_run, tmp_path):
+    _, one = lm_runs[(1, 1)]
+    code, result, output = jax_run(
+        {
+            "recipe": "textfiles_char_lm",
+            "overrides": SMALL_LM + _mesh(8, 1),
+            "output_dir": str(tmp_path),
+        }
+    )
+    assert code == 0, output[-3000:]
+    np.testing.assert_allclose(result["losses"], one["losses"], rtol=0, atol=1e-5)
+    assert all(s["shard"] == s["shape"] and s["devices"] == 8 for s in result["shards"].values())
+
+
+def test_the_tensorflow_engine_refuses_a_model_axis(tmp_path):
+    done = train_in_process(
+        "textfiles_char_lm",
+        "--set",
+        "runtime.engine=tensorflow",
+        "--set",
+        "runtime.mesh.model=4",
+        "--output_dir",
+        str(tmp_path / "out"),
+    )
+    assert done.returncode == 2, done.stderr
+    assert "runtime.mesh.model=4" in done.stderr and "--set runtime.engine=jax" in done.stderr
+    assert not os.path.exists(tmp_path / "out")
+
+
+def test_one_process_trains_with_one_engine(tmp_path):
+    recipe = tpukit.load_recipe("digits_cnn", ["runtime.engine=jax"])
+    with pytest.raises(ImportError, match=r"tpukit.use_engine\('jax'\)"):
+        tpukit.run(recipe, str(tmp_path / "out"))
+    assert not os.path.exists(tmp_path / "out")
+
+
+def test_the_cli_picks_the_backend_from_the_recipe(tmp_path):
+    """KERAS_BACKEND=tensorflow in the environment (run_cli sets it): the recipe's engine still decides."""
+    done = run_cli(
+        "digits_cnn",
+        "--set",
+        "runtime.engine=jax",
+        "--set",
+        "train.epochs=1",
+        "--set",
+        "train.steps_per_epoch=2",
+        "--output_dir",
+        str(tmp_path / "out"),
+        env=dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2"),
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    with open(tmp_path / "out" / "metrics.json") as f:
+        metrics = json.load(f)
+    assert metrics["engine"] == "jax" and metrics["mesh"] == {"data": 2, "model": 1}
+    assert "using the Keras 'jax' backend instead of KERAS_BACKEND='tensorflow'" in done.stderr
+
+
+def test_an_engine_does_not_resume_the_other_engines_checkpoints(tmp_path):
+    trained = tmp_path / "tf"
+    done = train_in_process(
+        "digits_cnn",
+        "--set",
+        "train.epochs=1",
+        "--set",
+        "train.steps_per_epoch=2",
+        "--output_dir",
+        str(trained),
+    )
+    assert done.returncode == 0, done.stderr
+    from tpukit.engines.jax import engine as jax_engine
+
+    with pytest.raises(tpukit.RecipeError, match="checkpoints of the tensorflow engine"):
+        jax_engine.checkpoints(str(trained / "checkpoints"), None)
+    (tmp_path / "j" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "j" / "checkpoints" / "ckpt-3.npz").write_bytes(b"")
+    done = train_in_process("digits_cnn", "--output_dir", str(tmp_path / "j"))
+    assert done.returncode == 2 and "checkpoints of the jax engine" in done.stderr, done.stderr
