@@ -20,8 +20,8 @@ from absl import app, flags
 from tpukit import engines
 from tpukit.engines import OutputDirError
 from tpukit.environment import diagnose
-from tpukit.logs import enable_logging
 from tpukit.environment.backend import use_engine
+from tpukit.logs import enable_logging
 from tpukit.recipe import RecipeError, load_recipe
 from tpukit.recipe.loading import requested_engine
 

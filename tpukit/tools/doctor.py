@@ -243,7 +243,11 @@ def _jax_engine_fix(installed: dict[str, str | None]) -> str:
         return train
     # Only replacing what is installed (the runtime's JAX, a TensorFlow) needs a restart, not adding a package.
     replaces = remove or packages[0].startswith('"jax')
-    after = RESTART if replaces else "no restart needed (nothing imported is replaced)"
+    after = (
+        RESTART
+        if replaces
+        else "JAX and its libtpu stay (restart only if pip upgraded a package this session had imported)"
+    )
     return f"{remove}`pip install {' '.join(packages)}`, {after}; then {train}"
 
 

@@ -455,8 +455,8 @@ def export(session: Session, outcome) -> dict[str, str]:
     the_plan = session.plan
     if not the_plan.training or outcome.status in trainer.STOPPED.values() or not the_plan.chief:
         return {}
-    from tpukit.engines.tensorflow.export import KERAS_FILENAME, SAVED_MODEL_DIRNAME
     from tpukit import rundir
+    from tpukit.engines.tensorflow.export import KERAS_FILENAME, SAVED_MODEL_DIRNAME
 
     tf.io.gfile.makedirs(the_plan.output_dir)
     keras_path = os.path.join(the_plan.output_dir, KERAS_FILENAME)

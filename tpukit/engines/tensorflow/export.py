@@ -105,7 +105,6 @@ def export_model(
     Raises:
         ValueError: the model has no symbolic inputs (a subclassed model never called on a `keras.Input`).
     """
-    import keras
     import tensorflow as tf
 
     signature = _serving_signature(model, features)  # fails before anything is written
