@@ -8,6 +8,7 @@ import pytest
 import yaml
 from helpers import RECIPES, digits_recipe
 
+import tpukit
 from tpukit import recipe as recipe_lib
 from tpukit.recipe import RecipeError, from_dict, load_recipe
 
@@ -499,3 +500,56 @@ def test_an_exponent_yaml_reads_as_text_gets_the_spelling_it_reads_as_a_number(t
     assert yaml.safe_load(spelled) == float(
         text
     )  # the suggested spelling really is a number to PyYAML
+
+
+def test_runtime_engine_mesh_and_layout():
+    recipe = tpukit.load_recipe(
+        "textfiles_char_lm",
+        [
+            "runtime.engine=jax",
+            "runtime.mesh.model=4",
+            'runtime.layout={".*kernel": [null, model]}',
+        ],
+    )
+    assert recipe.runtime.engine == "jax"
+    assert recipe.runtime.mesh == {"data": "auto", "model": 4}
+    assert recipe.runtime.layout == {".*kernel": (None, "model")}
+    assert tpukit.load_recipe("textfiles_char_lm", ["runtime.mesh=auto"]).runtime.mesh == {
+        "data": "auto",
+        "model": 1,
+    }
+    assert tpukit.load_recipe("textfiles_char_lm").runtime.engine == "tensorflow"
+
+
+@pytest.mark.parametrize(
+    "override,expected",
+    [
+        ("runtime.mesh.tensor=2", "runtime.mesh has no axis 'tensor'"),
+        ("runtime.mesh.model=0", "runtime.mesh.model must be a positive integer; received 0"),
+        (
+            "runtime.mesh.data=two",
+            "runtime.mesh.data must be a positive integer or auto; received 'two'",
+        ),
+        (
+            "runtime.engine=torch",
+            "runtime.engine must be one of 'tensorflow' or 'jax'; received 'torch'",
+        ),
+        ('runtime.layout={"(": [null]}', "runtime.layout key '(' is not a regular expression"),
+        (
+            "runtime.layout={x: [tensor]}",
+            "runtime.layout['x'] must list one mesh axis (data or model) or null",
+        ),
+        ("runtime.tpu_timeout_seconds.x=1", "runtime.tpu_timeout_seconds must be a number"),
+    ],
+)
+def test_runtime_engine_mesh_and_layout_errors(override, expected):
+    with pytest.raises(tpukit.RecipeError, match=re.escape(expected)):
+        tpukit.load_recipe("textfiles_char_lm", [override])
+
+
+def test_requested_engine_is_read_without_building_the_recipe():
+    from tpukit.recipe.loading import requested_engine
+
+    assert requested_engine("textfiles_char_lm", ["runtime.engine=jax"]) == "jax"
+    assert requested_engine("textfiles_char_lm") == "tensorflow"
+    assert requested_engine("no_such_recipe_anywhere") == "tensorflow"  # load_recipe reports it

@@ -204,13 +204,13 @@ class RuntimeConfig:
     engine: Literal["tensorflow", "jax"] = "tensorflow"
     # The device mesh: `data` devices split the batch, `model` devices split each sharded weight (the jax engine
     # only). data: auto = every device not on the model axis. `mesh: auto` is {data: auto, model: 1}.
-    mesh: dict[str, int | Literal["auto"]] | Literal["auto"] = dataclasses.field(
+    mesh: dict[str, Any] | Literal["auto"] = dataclasses.field(
         default_factory=lambda: {"data": "auto", "model": 1}
     )
     # Which weights shard on the `model` axis: {regex matched whole against a variable's path: [an axis name or null
     # per dimension]}, e.g. {".*mlp_in/kernel": [null, model]}. null: the built-in model's default layout (a model
     # without one stays replicated). Every entry must match a variable.
-    layout: dict[str, tuple[Literal["model", "data"] | None, ...]] | None = None
+    layout: dict[str, Any] | None = None
 
     def __post_init__(self):
         _validate_runtime(self)
@@ -811,14 +811,9 @@ def _validate_runtime(config: RuntimeConfig) -> None:
         _in_range("runtime.verbose", config.verbose, 0, 2, example="auto")
     config.mesh = _mesh(config.mesh)
     if config.layout is not None:
-        for pattern in config.layout:
-            try:
-                re.compile(pattern)
-            except re.error as error:
-                raise RecipeError(
-                    f"runtime.layout key {_show(pattern)} is not a regular expression ({error}). Fix: e.g. "
-                    '".*mlp_in/kernel" (matched whole against a variable path such as block0/mlp_in/kernel).'
-                ) from None
+        config.layout = {
+            pattern: _layout_axes(pattern, axes) for pattern, axes in config.layout.items()
+        }
     steps = config.profile_steps
     if steps is not None and (len(steps) != 2 or not 0 < steps[0] <= steps[1] <= INT32_MAX):
         raise RecipeError(
@@ -828,6 +823,23 @@ def _validate_runtime(config: RuntimeConfig) -> None:
 
 
 MESH_AXES = ("data", "model")
+
+
+def _layout_axes(pattern: Any, axes: Any) -> tuple[str | None, ...]:
+    """One `runtime.layout` entry checked: a regular expression, and a list of mesh axis names or nulls."""
+    try:
+        re.compile(pattern)
+    except (re.error, TypeError) as error:
+        raise RecipeError(
+            f"runtime.layout key {_show(pattern)} is not a regular expression ({error}). Fix: e.g. "
+            '".*mlp_in/kernel" (matched whole against a variable path such as block0/mlp_in/kernel).'
+        ) from None
+    if not isinstance(axes, (list, tuple)) or not all(a is None or a in MESH_AXES for a in axes):
+        raise RecipeError(
+            f"runtime.layout[{pattern!r}] must list one mesh axis (data or model) or null per dimension of the "
+            f"variables it matches; received {_show(axes)}. Fix: e.g. {pattern}: [null, model]."
+        )
+    return tuple(axes)
 
 
 def _mesh(value) -> dict[str, int | str]:
