@@ -11,6 +11,7 @@ import keras
 import numpy as np
 import pytest
 from helpers import run_cli, train_in_process
+from jax_helpers import run_jax
 
 import tpukit
 
@@ -28,8 +29,13 @@ def _mesh(data, model):
     return [f"runtime.mesh.data={data}", f"runtime.mesh.model={model}"]
 
 
+@pytest.fixture
+def jax_run():
+    return run_jax
+
+
 @pytest.fixture(scope="module")
-def lm_runs(jax_run, tmp_path_factory):
+def lm_runs(tmp_path_factory):
     """textfiles_char_lm, 6 Adam steps, on a 1x1 mesh and on a 2x4 mesh."""
     runs = {}
     for data, model in ((1, 1), (2, 4)):

@@ -1,11 +1,11 @@
-"""Runs of the jax engine, each in a process of its own (`child.py`): this process's Keras is on TensorFlow."""
+"""Runs of the jax engine, each in a process of its own (`child.py`): the test process's Keras is on TensorFlow.
+(Not a conftest.py: tests import the top-level `conftest` by name, which a second one would shadow.)"""
 
 import json
 import os
 import subprocess
 import sys
 
-import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
@@ -38,8 +38,3 @@ def run_jax(config: dict, devices: int = 8, timeout: int = 600, env: dict | None
         None,
     )
     return done.returncode, result, output
-
-
-@pytest.fixture(scope="session")
-def jax_run():
-    return run_jax
