@@ -112,3 +112,40 @@ def finish_processes(processes, timeout: int) -> list[int]:
                 process.wait()
             log.close()
     return [process.returncode for process, _ in processes]
+
+
+JAX_CHILD = os.path.join(REPO, "tests", "engines", "jax", "child.py")
+
+
+def run_jax(
+    config: dict,
+    devices: int = 8,
+    timeout: int = 600,
+    env: dict | None = None,
+    all_results: bool = False,
+):
+    """(returncode, the RESULT dict or None, the output) of tests/engines/jax/child.py, a jax-engine run in a
+    process of its own (this process's Keras is on TensorFlow), with `devices` virtual CPU devices; every RESULT
+    (a list) with `all_results`."""
+    environment = dict(
+        env or os.environ,
+        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+        KERAS_BACKEND="jax",
+        TF_CPP_MIN_LOG_LEVEL="2",
+        PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]),
+    )
+    done = subprocess.run(
+        [sys.executable, JAX_CHILD, json.dumps(config)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=environment,
+        timeout=timeout,
+    )
+    output = done.stdout + done.stderr
+    results = [
+        json.loads(line[len("RESULT ") :])
+        for line in done.stdout.splitlines()
+        if line.startswith("RESULT ")
+    ]
+    return done.returncode, (results if all_results else results[0] if results else None), output

@@ -147,6 +147,7 @@ def test_the_engine_refuses_a_keras_already_loaded_on_another_backend(monkeypatc
 
     monkeypatch.setitem(sys.modules, "keras", type("keras", (), {"config": Config}))
     with pytest.raises(
-        ImportError, match=r"received keras.config.backend\(\)='jax'. Fix: set KERAS_BACKEND"
+        ImportError,
+        match=r"received keras.config.backend\(\)='jax'. Fix: call tpukit.use_engine\('tensorflow'\)",
     ):
         backend.require("tensorflow", "TensorFlow")

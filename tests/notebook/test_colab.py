@@ -134,6 +134,8 @@ TPUKIT_REQUIRES = [
     'tensorflow<2.22,>=2.19; extra == "tensorflow"',
     'tensorflow-tpu==2.19.1; extra == "tpu"',
     'libtpu==0.0.10; extra == "tpu"',
+    'jax[tpu]<0.13,>=0.10; extra == "jax-tpu"',
+    'tensorflow-cpu<2.22,>=2.19; extra == "jax-tpu"',
     'pytest>=7; extra == "test"',
     'tomli; python_version < "3.11"',  # judged by pip when it installed tpukit
 ]
@@ -263,11 +265,15 @@ def test_install_cell_runs_the_plan_when_tpukit_is_missing_incompatible_or_force
         out = capsys.readouterr().out
         assert calls[0][:3] == ["install", "--dry-run", "--report"] and calls[0][-1] == requirement
         assert calls[1] == ["install", "--quiet", "--disable-pip-version-check", requirement]
-        assert f"tpukit install: CPU runtime -> pip install '{requirement}'" in out
+        assert (
+            f"tpukit install: CPU runtime, tensorflow engine -> pip install '{requirement}'" in out
+        )
         assert "installing nothing" not in out
         first = out.splitlines()[0]
         if why is None:
-            assert first.startswith("tpukit install: CPU runtime -> pip install"), out
+            assert first.startswith(
+                "tpukit install: CPU runtime, tensorflow engine -> pip install"
+            ), out
         elif force:
             assert why in first and first.endswith("; force=True: installing anyway."), out
         else:
@@ -275,9 +281,11 @@ def test_install_cell_runs_the_plan_when_tpukit_is_missing_incompatible_or_force
                 "tpukit install: tpukit 0.1.0 is installed, but not for this CPU"
             )
             assert why in first and first.endswith("; installing."), out
-    calls = []  # a TPU runtime without the TPU build: the TPU plan, with the CPU wheel removed first
+    calls = []  # the TensorFlow engine on a TPU: the TPU plan, with the CPU wheel removed first
     run = fake_pip({"install": []}, calls)
-    colab.install_tpukit(GIT, runtime="tpu", run=run, installed=environment(**GOOD))
+    colab.install_tpukit(
+        GIT, runtime="tpu", run=run, installed=environment(**GOOD), engine="tensorflow"
+    )
     assert calls[0][-3:] == [f"tpukit[tpu] @ {GIT}", *colab.TPU_PINS]
     assert calls[1] == [
         "uninstall",
@@ -461,7 +469,7 @@ def _pypi() -> None:
 def test_dry_run_tpu_branch_resolves_the_pinned_pair_and_needs_a_restart_here(capsys):
     """This process imported the CPU TensorFlow: the TPU branch uninstalls it, so a restart is needed."""
     _pypi()
-    reasons = colab.install_tpukit(REPO, dry_run=True, runtime="tpu")
+    reasons = colab.install_tpukit(REPO, dry_run=True, runtime="tpu", engine="tensorflow")
     out = capsys.readouterr().out
     would = out.split("pip would install: ", 1)[1].splitlines()[0].split(", ")
     assert "tensorflow_tpu 2.19.1" in would or "tensorflow-tpu 2.19.1" in would, out
@@ -483,3 +491,123 @@ def test_dry_run_cpu_branch_keeps_the_imported_tensorflow_and_keras(capsys):
     would = out.split("pip would install: ", 1)[1].splitlines()[0]
     assert "tpukit 0.1.0" in would and "tensorflow " not in would and "keras " not in would
     assert not any(r.startswith(("tensorflow ", "keras ")) for r in reasons), reasons
+
+
+@pytest.mark.network  # pip resolves against PyPI (~5-15 s)
+def test_dry_run_tpu_branch_without_the_tensorflow_tpu_build_resolves_the_jax_extra(capsys):
+    """A TPU runtime with no tensorflow-tpu (Colab's): the jax engine's extra, JAX's TPU build (its libtpu) and
+    tensorflow-cpu; the `tensorflow` wheel this process imported is removed first, so a restart is needed."""
+    _pypi()
+    reasons = colab.install_tpukit(REPO, dry_run=True, runtime="tpu")
+    out = capsys.readouterr().out
+    assert f"TPU runtime, jax engine -> pip install 'tpukit[jax-tpu] @ file://{REPO}'" in out
+    would = out.split("pip would install: ", 1)[1].splitlines()[0].split(", ")
+    assert any(w.startswith("libtpu ") for w in would), out
+    assert any(w.startswith(("tensorflow_cpu ", "tensorflow-cpu ")) for w in would), out
+    assert not any(w.startswith(("tensorflow_tpu", "tensorflow-tpu")) for w in would), out
+    assert "would uninstall first: tensorflow" in out
+    assert any(r.startswith("tensorflow ") and "uninstalled" in r for r in reasons), reasons
+
+
+@pytest.mark.parametrize(
+    "runtime, installed, expected",
+    [
+        (
+            "tpu",
+            {"jax": "0.10.2", "libtpu": "0.0.42.1", "tensorflow-cpu": "2.21.0"},
+            "jax",
+        ),  # Colab's TPU
+        ("tpu", {}, "jax"),  # a bare TPU VM: the install cell then installs the jax engine's extra
+        ("tpu", {"tensorflow-tpu": "2.19.1", "libtpu": "0.0.10"}, "tensorflow"),
+        ("tpu", {"tensorflow-tpu": "2.19.1", "jax": "0.10.2"}, "tensorflow"),
+        ("gpu", {"jax": "0.10.2", "tensorflow": "2.21.0"}, "tensorflow"),
+        ("cpu", {"jax": "0.10.2"}, "tensorflow"),
+    ],
+)
+def test_choose_engine_is_jax_exactly_on_a_tpu_without_tensorflow_tpu(runtime, installed, expected):
+    assert colab.choose_engine(runtime, installed) == expected
+
+
+@pytest.mark.parametrize(
+    "env, files, expected",
+    [
+        ({"COLAB_TPU_1VM": "1"}, [], "jax"),  # Colab's TPU runtime
+        ({"TPU_ACCELERATOR_TYPE": "v5litepod-8"}, [], "jax"),
+        ({}, ["/dev/accel0"], "jax"),
+        ({}, ["/dev/nvidia0"], "tensorflow"),
+        ({}, [], "tensorflow"),
+    ],
+)
+def test_choose_engine_from_a_faked_machine(env, files, expected):
+    runtime = colab.detect_runtime(env, files, google_pci=False)
+    assert colab.choose_engine(runtime, {"jax": "0.10.2"}) == expected
+
+
+def test_choose_engine_imports_neither_tensorflow_nor_keras_nor_jax():
+    """The notebooks call it before `tpukit.use_engine`: it must not load Keras (which fixes its backend)."""
+    script = (
+        "import sys, tpukit.notebook\n"
+        "print(tpukit.notebook.choose_engine(), tpukit.notebook.choose_engine('tpu'))\n"
+        "print(sorted(m for m in ('keras', 'tensorflow', 'jax') if m in sys.modules))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("COLAB_TPU_1VM", "ISTPUVM")}
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert result.returncode == 0, result.stderr
+    # This CPU: tensorflow; a TPU here would be jax (tensorflow-tpu is not installed in this venv).
+    assert result.stdout.splitlines() == ["tensorflow jax", "[]"]
+
+
+def test_install_plan_for_the_jax_engine_on_a_tpu():
+    assert colab.install_plan(
+        "tpu", GIT, {"tensorflow": "2.21.0", "jax": "0.10.2"}, (3, 12), "jax"
+    ) == (
+        ["tensorflow"],
+        [f"tpukit[jax-tpu] @ {GIT}"],
+    )
+    assert colab.install_plan("tpu", GIT, {"tensorflow-cpu": "2.21.0"}, (3, 11), "jax") == (
+        [],
+        [f"tpukit[jax-tpu] @ {GIT}"],
+    )
+    with pytest.raises(RuntimeError, match=r"Python 3.11 or newer; this runtime runs Python 3.10"):
+        colab.install_plan("tpu", GIT, {}, (3, 10), "jax")
+    with pytest.raises(ValueError, match=r"on a TPU only; received runtime='cpu', engine='jax'"):
+        colab.install_plan("cpu", GIT, {}, (3, 12), "jax")
+
+
+def test_install_cell_on_a_tpu_without_tensorflow_tpu_plans_the_jax_extra(capsys):
+    calls = []
+    run = fake_pip({"install": []}, calls)
+    colab.install_tpukit(GIT, runtime="tpu", run=run, installed=environment(**GOOD))
+    assert calls[0][-1] == f"tpukit[jax-tpu] @ {GIT}"
+    assert calls[1] == [
+        "uninstall",
+        "--yes",
+        "--quiet",
+        "--disable-pip-version-check",
+        "tensorflow",
+    ]
+    assert (
+        f"TPU runtime, jax engine -> pip install 'tpukit[jax-tpu] @ {GIT}'"
+        in capsys.readouterr().out
+    )
+
+
+def test_the_jax_extra_exists():
+    here = importlib.metadata.distribution("tpukit")
+    assert colab.JAX_EXTRA in here.metadata.get_all("Provides-Extra")
+
+
+def test_installed_tpukit_for_the_jax_engine_judges_the_jax_extra():
+    colab_tpu = {"keras": "3.15.1", "numpy": "2.1.0", "jax": "0.10.2", "tensorflow_cpu": "2.21.0"}
+    ok, why = colab.installed_tpukit("tpu", environment(**colab_tpu), importable=True, engine="jax")
+    assert ok and why.endswith("(tensorflow-cpu 2.21.0, jax 0.10.2, keras 3.15.1)"), why
+    ok, why = colab.installed_tpukit(
+        "tpu", environment(**{**colab_tpu, "jax": "0.9.0"}), importable=True, engine="jax"
+    )
+    assert not ok and "jax[tpu]<0.13,>=0.10 (installed: 0.9.0)" in why, why
+    ok, why = colab.installed_tpukit(
+        "tpu", environment(**{**colab_tpu, "tensorflow": "2.21.0"}), importable=True, engine="jax"
+    )
+    assert not ok and "tensorflow 2.21.0 (the wheel that tensorflow-cpu replaces)" in why, why

@@ -3,6 +3,7 @@ step reported) and the recipe fallback when data cannot be read. Colab is a fake
 real Drive mount."""
 
 import os
+import re
 
 import pytest
 import tensorflow as tf
@@ -94,3 +95,39 @@ def test_first_available_falls_back_only_when_data_cannot_be_read(tmp_path, caps
         RuntimeError, match="none of the recipes can read its data here: .*offline.yaml: OSError"
     ):
         notebook.first_available({str(recipe): []}, strategy)
+
+
+def test_output_dir_reads_the_resume_step_from_the_engines_own_checkpoints(tmp_path, capsys):
+    """One engine cannot resume the other's checkpoints: each reports only steps of its own format."""
+    checkpoints = tmp_path / "lm" / "checkpoints"
+    os.makedirs(checkpoints)
+    (checkpoints / "ckpt-30.npz").write_bytes(b"")
+    (checkpoints / "ckpt-10.index").write_bytes(b"")
+    root = str(tmp_path) + "/"
+    assert notebook.output_dir(root, "lm", engine="jax") == root + "lm"
+    assert "resumes from step 30" in capsys.readouterr().out
+    notebook.output_dir(root, "lm")
+    assert "resumes from step 10" in capsys.readouterr().out
+
+
+def test_first_available_adds_the_engine_override(capsys):
+    strategy = tf.distribute.get_strategy()
+    name, chosen = notebook.first_available(
+        {"digits_cnn": ["train.epochs=2"]}, strategy, "tensorflow"
+    )
+    assert chosen.runtime.engine == "tensorflow" and chosen.train.epochs == 2
+    assert "recipe: digits_cnn train.epochs=2 runtime.engine=tensorflow" in capsys.readouterr().out
+
+
+def test_connect_scope_and_has_accelerator_per_engine(capsys):
+    assert notebook.connect("jax") is None  # the jax engine finds its devices when it plans
+    assert re.match(r"jax engine: \d+ CPU device\(s\)", capsys.readouterr().out)
+    strategy = notebook.connect("tensorflow")
+    assert isinstance(strategy, tf.distribute.Strategy)
+    with notebook.scope(strategy):
+        assert tf.distribute.get_strategy() is strategy
+    with notebook.scope(None):  # the jax engine: nothing to enter
+        pass
+    assert notebook.has_accelerator(None) is False  # JAX's default backend on this CPU
+    with pytest.raises(ValueError, match="received engine='torch'"):
+        notebook.connect("torch")

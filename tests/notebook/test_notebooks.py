@@ -85,6 +85,25 @@ def test_install_cell_is_tpukit_colab_verbatim_and_first_after_the_settings(name
         assert f"\n{variable} = " in "\n" + notebook.cells[code[0]].source
 
 
+ENGINE_LINE = "ENGINE = tpukit.use_engine(tpukit.notebook.choose_engine())"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_engine_is_chosen_right_after_the_install_cell_and_passed_on(name):
+    """Keras fixes its backend at its first import: the cell after the install cell decides the engine, no cell
+    before it imports Keras or TensorFlow, and the training calls pass `ENGINE` (as `runtime.engine`)."""
+    notebook = read(name)
+    code = [c.source for c in notebook.cells if c.cell_type == "code"]
+    assert ENGINE_LINE in code[2]
+    for source in code[:2] + [code[2].split(ENGINE_LINE)[0]]:
+        assert "import keras" not in source and "import tensorflow" not in source
+    later = "\n".join(code[3:])
+    assert "import tensorflow" not in code[2] and "import keras" not in code[2]
+    assert "tpukit.notebook.connect(ENGINE)" in later
+    assert later.count("engine=ENGINE") + later.count("strategy, ENGINE)") >= 2, later
+    assert "tpukit.connect()" not in later and "strategy.scope()" not in later
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_notebooks_call_library_code_only(name):
     """No loops, classes or helper functions in the cells (the install cell is tpukit/notebook/colab.py's code)."""
@@ -193,7 +212,7 @@ def test_quickstart_runs_top_to_bottom(tmp_path):
     assert "SMALL = True (no TPU or GPU found" in text
     assert (
         "mnist_cnn cannot read its data here" in text
-        and "recipe: digits_cnn train.epochs=3" in text
+        and "recipe: digits_cnn train.epochs=3 runtime.engine=tensorflow" in text
     )
     assert pngs >= 2, "learning curves and predictions as PNG"
     assert "throughput:" in text and "examples/s" in text and "MFU" in text

@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 from conftest import mirrored
-from helpers import RECIPES
+from helpers import RECIPES, run_jax
 
 import tpukit
 from tpukit import data
@@ -268,3 +268,47 @@ def test_textfiles_char_lm_beats_the_unigram_baseline(tmp_path):
     assert held_out < baseline - 0.5, (held_out, baseline)
     # run()'s own evaluation (per-token weights, padding excluded) agrees with a plain Keras evaluation.
     assert abs(metrics["eval"]["loss"] - held_out) < 1e-3
+
+
+@pytest.mark.slow
+def test_every_recipe_trains_on_the_jax_engine_over_a_2x4_mesh(local_data, tmp_path):
+    """Every shipped recipe, smoke-sized, on the jax engine with its model's default layout on 8 virtual CPU
+    devices (one JAX process for all); the exported model.keras is read back here, on TensorFlow, and its
+    accuracy recounted example by example."""
+    runs = [
+        {
+            "name": name,
+            "recipe": os.path.join(RECIPES, f"{name}.yaml"),
+            "overrides": [
+                "train.epochs=1",
+                "train.steps_per_epoch=2",
+                "data.global_batch_size=4",
+                "runtime.steps_per_execution=1",
+                "runtime.verbose=0",
+                "runtime.mesh.data=2",
+                "runtime.mesh.model=4",
+                *SMALL[name],
+                *local_data.get(name, []),
+            ],
+            "output_dir": str(tmp_path / name),
+            "mock_tfds": True,
+        }
+        for name in RECIPE_NAMES
+    ]
+    code, results, output = run_jax({"runs": runs}, timeout=1800, all_results=True)
+    assert code == 0 and len(results) == len(RECIPE_NAMES), output[-3000:]
+    for result in results:
+        name = result["name"]
+        assert "error" not in result, (name, result.get("error"))
+        metrics = result["metrics"]
+        assert metrics["engine"] == "jax" and metrics["mesh"] == {"data": 2, "model": 4}, name
+        assert metrics["step"] == 2 and np.isfinite(metrics["train"]["loss"]), name
+        assert metrics["sharded"], (
+            name
+        )  # every built-in model splits some weights over the model axis
+        recipe = _load(name, *runs[RECIPE_NAMES.index(name)]["overrides"])
+        if recipe.data.eval_split:
+            with tfds.testing.mock_data(num_examples=64):
+                examples, correct, total = _recount(recipe, str(tmp_path / name / "model.keras"))
+            assert examples == metrics["eval_examples"], name
+            assert metrics["eval"]["accuracy"] * total == pytest.approx(correct, abs=1e-3), name

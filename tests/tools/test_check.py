@@ -137,6 +137,50 @@ def test_batch_rule(batch, cores, status, text):
         assert rule.fix.startswith("--set data.global_batch_size=64")
 
 
+@pytest.mark.parametrize(
+    "mesh, batch, status, text",
+    [
+        (
+            {"data": "auto", "model": 2},
+            64,
+            "pass",
+            "mesh data 4 x model 2 on 8 core(s): global batch 64 = 4 data",
+        ),
+        (
+            {"data": "auto", "model": 3},
+            64,
+            "fail",
+            "runtime.mesh.model=3 does not divide the 8 cores",
+        ),
+        ({"data": 8, "model": 2}, 64, "fail", "needs 16 cores; the target has 8"),
+        ({"data": 2, "model": 2}, 64, "warn", "Only 4 of the 8 cores train"),
+        (
+            {"data": 8, "model": 1},
+            60,
+            "fail",
+            "data.global_batch_size 60 does not divide by the mesh's data axis (8)",
+        ),
+    ],
+)
+def test_mesh_rule_on_the_jax_engine(mesh, batch, status, text):
+    recipe = _digits(
+        **{"runtime.engine": "jax", "runtime.mesh": mesh, "data.global_batch_size": batch}
+    )
+    results = check_lib.check(recipe, cores=8, rules=["batch"])
+    assert [r.name for r in results] == ["mesh", "batch"]
+    rule = _rules(results)["mesh"]
+    assert rule.status == status, rule
+    assert text in rule.message
+    if status == "pass":
+        # The batch rule counts per data shard: each of a shard's 2 devices sees its whole 16 examples.
+        assert "64 = 4 cores x 16 per core" in _rules(results)["batch"].message
+        assert "proxy for Keras on JAX" in rule.message
+
+
+def test_no_mesh_rule_on_the_tensorflow_engine():
+    assert [r.name for r in check_lib.check(_digits(), rules=["batch"])] == ["batch"]
+
+
 def test_input_ops_fails_on_py_function_and_names_the_op():
     recipe = _custom("small_cnn", "check_test_python")
     rule = _rules(check_lib.check(recipe, rules=["input_ops"]))["input_ops"]

@@ -2,10 +2,12 @@
 (fake distribution versions), and the accelerator check with fake resolvers. Each message is checked. Only the
 last tests run the real doctor, on this CPU machine, where it must say CPU and exit 0. Nothing runs on a TPU."""
 
+import importlib.metadata
 import json
 
 import pytest
 
+from tpukit.engines.jax import compat as jax_compat
 from tpukit.engines.tensorflow import strategy
 from tpukit.environment import versions
 from tpukit.tools import doctor
@@ -487,6 +489,10 @@ def test_main_on_this_cpu_machine_says_cpu_and_exits_0(capsys, monkeypatch):
     report = json.loads(capsys.readouterr().out)
     assert report["ok"] is True and report["runtime"]["accelerator"] == "cpu"
     assert report["accelerator"]["replicas"] == 1 and report["accelerator"]["tpu_build"] is False
+    # Whatever KERAS_BACKEND says: the CLI sets the backend from the recipe's engine. (The jax engine's line depends
+    # on whether this machine has JAX: the tests of check_engines fake both cases.)
+    assert report["engines"]["tensorflow"] == {"can_run": True, "reason": None}
+    assert [f["topic"] for f in report["findings"]][-2:] == ["tensorflow engine", "jax engine"]
 
 
 def test_on_a_tpu_vm_a_failing_tpu_name_falls_back_to_the_attached_tpu():
@@ -517,3 +523,256 @@ def test_when_every_way_fails_each_attempt_is_reported():
     )
     assert finding.level == "fail"
     assert "tpu='old-node' failed" in finding.message and "tpu='local' failed" in finding.message
+
+
+# ---- engines: which can run here, and the jax engine on TPU runtimes that ship JAX ----------------------------------
+
+# jax 0.10.2's Requires-Dist, abridged: its `tpu` extra pins jaxlib and the libtpu JAX was built with.
+JAX_REQUIRES = [
+    "jaxlib<=0.10.2,>=0.10.1",
+    "numpy>=2.0",
+    'jaxlib<=0.10.2,>=0.10.2; extra == "tpu"',
+    'libtpu==0.0.42.*; extra == "tpu"',
+]
+# Colab's TPU runtime as it ships since March 2025: JAX with its libtpu, no TensorFlow at all
+# (github.com/googlecolab/colabtools/issues/5164); pip installs tpukit's own requirements (Keras, TFDS) beside it.
+TPU_JAX = {
+    **GOOD_CPU,
+    "tensorflow": None,
+    "jax": "0.10.2",
+    "jaxlib": "0.10.2",
+    "libtpu": "0.0.42.1",
+}
+TPU_RUNTIMES = {
+    "colab": {"COLAB_RELEASE_TAG": "release-colab_2026", "COLAB_TPU_1VM": "1"},
+    "kaggle": {"KAGGLE_KERNEL_RUN_TYPE": "Interactive", "ISTPUVM": "1"},
+}
+ADD_TENSORFLOW_CPU = '`pip install "tensorflow-cpu>=2.19,<2.22"`'
+TRAIN_WITH_JAX = (
+    "train with the jax engine: `python -m tpukit.train RECIPE --set runtime.engine=jax`"
+)
+
+
+@pytest.fixture
+def metadata(monkeypatch):
+    """`fake(installed)` makes package metadata say `installed` (what installed_versions and the jax engine's own
+    `installed_jax` read), with jax's Requires-Dist `JAX_REQUIRES`."""
+
+    def fake(installed):
+        def version(name):
+            if installed.get(name) is None:
+                raise importlib.metadata.PackageNotFoundError(name)
+            return installed[name]
+
+        monkeypatch.setattr(importlib.metadata, "version", version)
+        monkeypatch.setattr(
+            importlib.metadata, "requires", lambda name: JAX_REQUIRES if name == "jax" else []
+        )
+        monkeypatch.delenv(jax_compat.ALLOW_UNTESTED_JAX, raising=False)
+
+    return fake
+
+
+def engines(runtime, installed, requires=JAX_REQUIRES):
+    """check_engines on the version findings of `installed` (TensorFlow imports, where it is checked)."""
+    return doctor.check_engines(
+        runtime, installed, doctor.check_versions(runtime, installed, requires), requires
+    )
+
+
+@pytest.mark.parametrize(
+    "pin, version, matches",
+    [
+        ("0.0.42.*", "0.0.42.1", True),
+        ("0.0.42.*", "0.0.42", True),
+        ("0.0.42.*", "0.0.421", False),
+        ("0.0.42.*", "0.0.10", False),
+        ("0.0.21", "0.0.21", True),
+        ("0.0.21", "0.0.21.1", False),
+    ],
+)
+def test_libtpu_against_the_pin_of_jaxs_tpu_extra(pin, version, matches):
+    assert doctor._libtpu_matches(pin, version) is matches
+
+
+@pytest.mark.parametrize("platform", sorted(TPU_RUNTIMES))
+def test_a_tpu_runtime_with_jax_and_no_tensorflow_gets_the_jax_engine_not_tensorflow_tpu(platform):
+    runtime = detect(TPU_RUNTIMES[platform], kaggle=platform == "kaggle")
+    assert (runtime.platform, runtime.accelerator) == (platform, "tpu_vm")
+    (finding,) = by_topic(doctor.check_versions(runtime, TPU_JAX, JAX_REQUIRES), "tensorflow")
+    assert finding.level == "fail"
+    assert finding.message.startswith(
+        "TensorFlow is not installed. This TPU runtime's JAX finds the TPU (jax 0.10.2, libtpu 0.0.42.1): the jax "
+        "engine trains on it with TensorFlow's CPU build for tf.data, keeping that libtpu."
+    )
+    # Only tf.data's CPU build is added: no tensorflow-tpu, no libtpu replaced, no restart.
+    assert finding.fix == (
+        f"{ADD_TENSORFLOW_CPU}, JAX and its libtpu stay (restart only if pip upgraded a package this session had imported); then {TRAIN_WITH_JAX}"
+    )
+    assert "tensorflow-tpu" not in finding.fix and doctor.RESTART not in finding.fix
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"libtpu": None}, {"libtpu": "0.0.21"}, {"jax": None, "jaxlib": None, "libtpu": None}],
+    ids=["jax_without_libtpu", "another_libtpu", "no_jax"],
+)
+def test_without_a_jax_that_finds_the_tpu_the_advice_is_the_pinned_tensorflow_tpu(change):
+    installed = {**TPU_JAX, **change}
+    (finding,) = by_topic(
+        doctor.check_versions(detect(TPU_RUNTIMES["colab"]), installed, JAX_REQUIRES), "tensorflow"
+    )
+    assert finding.message == "TensorFlow is not installed." and PINNED in finding.fix
+
+
+def test_a_tpu_runtimes_jax_outside_the_range_is_upgraded_with_its_libtpu_and_a_restart():
+    installed = {**TPU_JAX, "jax": "0.7.2", "jaxlib": "0.7.2", "libtpu": "0.0.21"}
+    requires = ['libtpu==0.0.21; extra == "tpu"']
+    (finding,) = by_topic(
+        doctor.check_versions(detect(TPU_RUNTIMES["colab"]), installed, requires), "tensorflow"
+    )
+    assert finding.fix == (
+        f'`pip install "jax[tpu]>=0.10,<0.13" "tensorflow-cpu>=2.19,<2.22"`, {doctor.RESTART}; then {TRAIN_WITH_JAX}'
+    )
+
+
+def test_a_tpu_runtime_with_jax_and_tensorflows_cpu_build_trains_with_the_jax_engine(metadata):
+    # After `pip install "tpukit[jax-tpu]"` on Colab: the doctor says OK, does not connect through TensorFlow's CPU
+    # build, and names the engine to use.
+    installed = {**TPU_JAX, "tensorflow-cpu": "2.21.0"}
+    metadata(installed)
+    report = doctor.diagnose_environment(
+        connect=pytest.fail,
+        import_module=lambda name: object(),
+        **{**FAKE_MACHINE, "env": TPU_RUNTIMES["colab"]},
+    )
+    assert [(f["level"], f["topic"]) for f in report["findings"]] == [
+        ("warn", "tensorflow"),
+        ("ok", "keras"),
+        ("skip", "accelerator"),
+        ("skip", "tensorflow engine"),
+        ("ok", "jax engine"),
+    ]
+    assert report["ok"] is True and report["accelerator"] == {}
+    tensorflow = report["findings"][0]
+    assert tensorflow["message"].startswith(
+        "this TPU VM's TensorFlow is the CPU/GPU wheel (tensorflow 2.21.0), which has no TPU kernels: the "
+        "tensorflow engine cannot use the TPU. This TPU runtime's JAX finds the TPU"
+    )
+    assert tensorflow["fix"] == TRAIN_WITH_JAX
+    assert report["engines"] == {
+        "tensorflow": {
+            "can_run": False,
+            "reason": "on a TPU VM it needs TensorFlow's TPU build (tensorflow-tpu); the CPU/GPU wheel has no TPU "
+            "kernels.",
+        },
+        "jax": {"can_run": True, "reason": None},
+    }
+    text = doctor.format_report(report)
+    assert (
+        "[OK  ] jax engine: can run: `--set runtime.engine=jax` (runtime.engine: jax); jax 0.10.2, tf.data on "
+        "tensorflow 2.21.0." in text
+    )
+    assert "tensorflow-tpu==" not in text and text.endswith("OK: this environment can train.")
+
+
+def test_a_fresh_tpu_runtime_says_what_the_jax_engine_lacks(metadata):
+    metadata(TPU_JAX)
+    report = doctor.diagnose_environment(
+        connect=pytest.fail,
+        import_module=pytest.fail,
+        **{**FAKE_MACHINE, "env": TPU_RUNTIMES["kaggle"]},
+    )
+    assert report["ok"] is False
+    assert [(f["level"], f["topic"]) for f in report["findings"]][-3:] == [
+        ("skip", "accelerator"),
+        ("fail", "tensorflow engine"),
+        ("fail", "jax engine"),
+    ]
+    assert report["engines"]["jax"]["reason"] == (
+        f"tf.data reads the input and needs TensorFlow's CPU build, which is not installed. Fix: {ADD_TENSORFLOW_CPU}."
+    )
+    assert "tensorflow-tpu==" not in doctor.format_report(report)
+
+
+@pytest.mark.parametrize("backend", ["tensorflow", "jax", "torch"])
+def test_both_engines_can_run_whatever_keras_backend_is_set(metadata, monkeypatch, backend):
+    monkeypatch.setenv("KERAS_BACKEND", backend)
+    for installed in (
+        {**GOOD_CPU, "jax": "0.10.2"},
+        {**GOOD_CPU, "tensorflow": None, "tensorflow-cpu": "2.21.0", "jax": "0.12.0"},
+    ):
+        metadata(installed)
+        assert engines(detect({}), installed) == {"tensorflow": None, "jax": None}
+
+
+@pytest.mark.parametrize(
+    "change, tensorflow, jax",
+    [
+        ({}, None, 'tpukit\'s jax engine needs JAX. Fix: `pip install "tpukit[jax]"`'),
+        (
+            {"jax": "0.9.2"},
+            None,
+            "tpukit's jax engine was tested with jax >= 0.10 and < 0.13; received jax 0.9.2.",
+        ),
+        (
+            {"jax": "0.13.0"},
+            None,
+            "tpukit's jax engine was tested with jax >= 0.10 and < 0.13; received jax 0.13.0.",
+        ),
+        (
+            {"jax": "0.10.2", "tensorflow": "2.10.0"},
+            "tensorflow 2.10.0 is outside tpukit's range [2.19, 2.22).",
+            "tf.data reads the input with TensorFlow >=2.19,<2.22; installed: tensorflow 2.10.0. Fix: "
+            '`pip install "tensorflow>=2.19,<2.22"`',
+        ),
+        (
+            {"jax": "0.10.2", "tensorflow": None},
+            "TensorFlow is not installed.",
+            f"tf.data reads the input and needs TensorFlow's CPU build, which is not installed. Fix: {ADD_TENSORFLOW_CPU}.",
+        ),
+        (
+            {"jax": "0.10.2", "keras": "3.17.0"},
+            "tpukit was tested with Keras >= 3.15 and < 3.16",
+            "tpukit was tested with Keras >= 3.15 and < 3.16",
+        ),
+    ],
+    ids=["no_jax", "old_jax", "new_jax", "old_tensorflow", "no_tensorflow", "keras"],
+)
+def test_each_engine_says_why_it_cannot_run(metadata, change, tensorflow, jax):
+    installed = {**GOOD_CPU, **change}
+    metadata(installed)
+    problems = engines(detect({}), installed)
+    for name, expected in (("tensorflow", tensorflow), ("jax", jax)):
+        assert (
+            (problems[name] is None) if expected is None else problems[name].startswith(expected)
+        ), (
+            name,
+            problems[name],
+        )
+    lines = {f.topic: f for f in doctor.engine_findings(problems, installed)}
+    level = "skip" if None in problems.values() else "fail"
+    for name, problem in problems.items():
+        assert lines[f"{name} engine"].level == ("ok" if problem is None else level)
+
+
+def test_jax_cannot_share_a_tpu_with_tensorflow_tpu(metadata):
+    installed = {**GOOD_TPU, "jax": "0.10.2", "jaxlib": "0.10.2"}
+    metadata(installed)
+    problems = engines(detect(TPU_RUNTIMES["kaggle"], kaggle=True), installed)
+    assert problems["tensorflow"] is None
+    assert problems["jax"].startswith(
+        "tensorflow-tpu 2.19.1 is installed: TensorFlow's TPU build and JAX cannot share one TPU, and it brought "
+        "the libtpu TensorFlow needs (0.0.10)."
+    )
+    assert [f.level for f in doctor.engine_findings(problems, installed)] == ["ok", "skip"]
+
+
+def test_jax_on_a_tpu_vm_needs_the_libtpu_its_tpu_extra_pins(metadata):
+    installed = {**TPU_JAX, "tensorflow-cpu": "2.21.0", "libtpu": None}
+    metadata(installed)
+    problems = engines(detect({"ISTPUVM": "1"}), installed)
+    assert problems["jax"] == (
+        "JAX would not find the TPU: jax 0.10.2 needs the libtpu its `tpu` extra pins (0.0.42.*); installed: none. "
+        f'Fix: `pip install "jax[tpu]>=0.10,<0.13"`, {doctor.RESTART}.'
+    )

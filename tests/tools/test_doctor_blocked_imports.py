@@ -101,13 +101,14 @@ def doctor(*argv, **kwargs):
     return run(RUN_DOCTOR.format(argv=list(argv)), **kwargs)
 
 
-def fake_package(root, name, version):
+def fake_package(root, name, version, requires=()):
     """A package as pip leaves it: the module (with `__version__`) and its dist-info metadata."""
     (root / name).mkdir()
     (root / name / "__init__.py").write_text(f'__version__ = "{version}"\n')
     (root / f"{name}-{version}.dist-info").mkdir()
     (root / f"{name}-{version}.dist-info" / "METADATA").write_text(
         f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+        + "".join(f"Requires-Dist: {r}\n" for r in requires)
     )
 
 
@@ -149,7 +150,34 @@ def test_tensorflow_missing_as_json():
         ("fail", "tensorflow"),
         ("ok", "keras"),
         ("skip", "accelerator"),
+        ("fail", "tensorflow engine"),
+        ("fail", "jax engine"),
     ]
+    assert report["engines"]["tensorflow"] == {
+        "can_run": False,
+        "reason": "TensorFlow is not installed.",
+    }
+    # Both engines read their input with tf.data (with or without JAX installed, the jax engine cannot run).
+    assert not report["engines"]["jax"]["can_run"]
+
+
+def test_tpu_runtime_with_jax_and_no_tensorflow_recommends_the_jax_engine(tmp_path):
+    # Colab's TPU runtime as it ships (JAX with its libtpu, no TensorFlow): the fix adds TensorFlow's CPU build for
+    # tf.data and trains with the jax engine, instead of tensorflow-tpu (which would replace JAX's libtpu).
+    fake_package(tmp_path, "jax", "0.10.2", ['libtpu==0.0.42.*; extra == "tpu"'])
+    fake_package(tmp_path, "libtpu", "0.0.42.1")
+    env = {"COLAB_RELEASE_TAG": "release-colab_2026", "COLAB_TPU_1VM": "1"}
+    result = doctor(**ABSENT_TF, path=tmp_path, env=env)
+    assert_fails_with(
+        result,
+        "[FAIL] tensorflow: TensorFlow is not installed. This TPU runtime's JAX finds the TPU (jax 0.10.2, libtpu "
+        "0.0.42.1)",
+        'fix: `pip install "tensorflow-cpu>=2.19,<2.22"`, JAX and its libtpu stay (restart only if pip upgraded a package this session had imported); then '
+        "train with the jax engine: `python -m tpukit.train RECIPE --set runtime.engine=jax`",
+        "[SKIP] accelerator: not checked",
+        "[FAIL] jax engine: cannot run here: tf.data reads the input and needs TensorFlow's CPU build",
+    )
+    assert versions.pinned_tpu().install_command() not in result[1]
 
 
 def test_tensorflow_installed_but_not_importable():

@@ -21,6 +21,11 @@ Before any TPU hour is spent, each rule below passes, warns or fails, and a fail
 * `precision_step`: one step in the precision the TPU would use (`runtime.precision: auto` -> `mixed_bfloat16`)
   gives a finite loss, computes in bfloat16 and keeps float32 variables and float32 logits (as Keras' mixed
   policy does).
+* `mesh` (a recipe with `runtime.engine: jax` only, reported first): `runtime.mesh` fits the cores (`model`
+  divides them; `data` x `model` is at most their number) and the global and eval batches divide by the `data`
+  axis; `batch` then counts per `data` shard (each device of a shard sees its whole batch). The other rules still
+  run on the TensorFlow backend, as a proxy for Keras on JAX (the same Keras model, XLA on this CPU), and `memory`
+  counts whole weights per core (an upper bound when `runtime.mesh.model` > 1 splits some).
 * `memory`: the per-core training state (float32 weights, gradients and the optimizer's slot variables, counted
   from the built model and optimizer) fits one core's HBM (else fail), and so does the state plus an estimate of
   the activations (else warn): the operands and results of every matmul/convolution at the per-core batch
@@ -553,6 +558,57 @@ def memory_check(context: _Context, model, policy: str) -> Rule:
     )
 
 
+def mesh_rule(recipe: Recipe, target: Target) -> tuple[Rule, int | None]:
+    """The jax engine's `runtime.mesh` on `target.cores` devices: the rule, and the `data` axis's size (None when
+    the mesh does not fit)."""
+    mesh, cores = recipe.runtime.mesh, target.cores
+    model = mesh["model"]
+    if cores % model:
+        divisors = [d for d in range(1, cores + 1) if cores % d == 0]
+        return Rule(
+            "mesh",
+            "fail",
+            f"runtime.mesh.model={model} does not divide the {cores} cores.",
+            f"--set runtime.mesh.model=N with N one of {divisors}",
+        ), None
+    data = cores // model if mesh["data"] == "auto" else mesh["data"]
+    if data * model > cores:
+        return Rule(
+            "mesh",
+            "fail",
+            f"runtime.mesh {{data: {data}, model: {model}}} needs {data * model} cores; the target has {cores}.",
+            "--set runtime.mesh.data=auto",
+        ), None
+    batches = {
+        "data.global_batch_size": recipe.data.global_batch_size,
+        "the eval batch": eval_batch_size(recipe),
+    }
+    for name, batch in batches.items():
+        if batch % data:
+            return Rule(
+                "mesh",
+                "fail",
+                f"{name} {batch} does not divide by the mesh's data axis ({data}): every data shard takes an "
+                "equal part of the batch.",
+                f"a multiple of {MIN_CORE_BATCH * data} (--set data.global_batch_size=... / "
+                "data.eval_global_batch_size=...)",
+            ), None
+    shown = (
+        f"mesh data {data} x model {model} on {cores} core(s): global batch {recipe.data.global_batch_size} = "
+        f"{data} data shard(s) x {recipe.data.global_batch_size // data}. The rules below run on the TensorFlow "
+        "backend as a proxy for Keras on JAX (the same model); memory counts whole weights per core"
+        + (f" (an upper bound: mesh.model={model} splits some)." if model > 1 else ".")
+    )
+    if data * model < cores:
+        return Rule(
+            "mesh",
+            "warn",
+            f"{shown} Only {data * model} of the {cores} cores train.",
+            "--set runtime.mesh.data=auto",
+        ), data
+    return Rule("mesh", "pass", shown), data
+
+
 def _nbytes(variable) -> int:
     import tensorflow as tf
 
@@ -587,10 +643,15 @@ def check(
         context.count()
     results: dict[str, Rule] = {}
     model, policy = None, "float32"
+    batch_target = target
+    if recipe.runtime.engine == "jax":
+        results["mesh"], data = mesh_rule(recipe, target)
+        if data is not None:  # each device of a data shard sees the shard's whole batch
+            batch_target = dataclasses.replace(target, cores=data)
     if "static_shapes" in wanted:
         results["static_shapes"] = static_shapes_rule(context)
     if "batch" in wanted:
-        results["batch"] = batch_rule(recipe, target, context.counts.get("train"))
+        results["batch"] = batch_rule(recipe, batch_target, context.counts.get("train"))
     if "input_ops" in wanted:
         if context.data_error:
             results["input_ops"] = Rule(
@@ -613,7 +674,7 @@ def check(
         if model is None:
             policy = performance.choose_precision(recipe.runtime.precision, "tpu").value
         results["memory"] = memory_check(context, model, policy)
-    return [results[name] for name in RULES if name in results]
+    return [results[name] for name in ("mesh", *RULES) if name in results]
 
 
 def passed(rules: list[Rule]) -> bool:

@@ -331,7 +331,8 @@ def check_versions(
     Args:
         runtime: from `detect_runtime`.
         installed: {distribution: version or None}, see `installed_versions`.
-        jax_requires: jax's `Requires-Dist` lines (its `tpu` extra pins a libtpu).
+        jax_requires: jax's `Requires-Dist` lines (its `tpu` extra pins a libtpu: with it JAX finds the TPU, and
+            the advice on a TPU VM without tensorflow-tpu is the jax engine).
         tf_requires: the installed TensorFlow distribution's `Requires-Dist` lines.
         version_of: `name -> version or None` for any distribution; default: `installed`, then package metadata.
     """

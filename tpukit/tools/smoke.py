@@ -411,9 +411,6 @@ def _checkpoint_path(smoke: _Smoke, engine, the_plan, metrics: dict):
     steps = metrics["step"]
     session = outcome = None
     with smoke.path("checkpoint"):
-        import keras
-
-        keras.backend.clear_session()  # TEMP
         session = engine.build(the_plan)
         exported_first = _load_keras(metrics["exported"]["keras"])
         differences = [
@@ -506,9 +503,8 @@ def _check_export(smoke: _Smoke, session, exported: dict) -> None:
         )
     serve = export_lib.load_serving(exported["saved_model"], io_device=the_plan.io_device)
     options = the_plan.recipe.data.options
-    features = next(
-        iter(data.synthetic("test", None, **options).batch(32).map(lambda x, y: x))
-    ).numpy()
+    test_batch = next(iter(data.synthetic("test", None, **options).batch(32)))
+    features = test_batch[0].numpy()
     served = serve(tf.constant(features, tf.float32))
     served = np.asarray(served, np.float32)
     # The trained model's own predictions, in this process (on the jax engine: on its mesh, by JAX).
@@ -587,16 +583,15 @@ def format_report(report: dict) -> str:
 def _start(engine: str) -> str | None:
     """`start_tool` for `engine`: the Keras backend chosen first (nothing has imported Keras yet), then the engine's
     environment checked. Returns why it cannot run here, or None."""
+    enable_logging()  # first: `use_engine` warns when it replaces the shell's KERAS_BACKEND
     try:
         use_engine(engine)
     except ImportError as error:  # Keras is imported already, with another backend (a notebook)
         return str(error)
     if engine == "tensorflow":
         return start_tool()
-    os.environ.setdefault(
-        "TF_CPP_MIN_LOG_LEVEL", "2"
-    )  # as start_tool: the C++ start-up lines bury the report
-    enable_logging()
+    # As start_tool: TensorFlow's C++ start-up lines would bury the report.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     return engines.unavailable(engine)
 
 

@@ -47,6 +47,20 @@ class Recorder(keras.callbacks.Callback):
 
 
 def main(config: dict) -> None:
+    if (
+        "runs" in config
+    ):  # several runs in this one process (one JAX start): a RESULT line each, errors included
+        for run in config["runs"]:
+            try:
+                main(run)
+            except Exception as error:  # noqa: BLE001 - reported to the test, which names the recipe
+                print(
+                    "RESULT "
+                    + json.dumps(
+                        {"name": run.get("name"), "error": f"{type(error).__name__}: {error}"}
+                    )
+                )
+        return
     recipe = tpukit.load_recipe(
         config["recipe"], ["runtime.engine=jax", *config.get("overrides", [])]
     )

@@ -10,8 +10,7 @@ import os
 import keras
 import numpy as np
 import pytest
-from helpers import run_cli, train_in_process
-from jax_helpers import run_jax
+from helpers import run_cli, run_jax, train_in_process
 
 import tpukit
 
@@ -29,18 +28,13 @@ def _mesh(data, model):
     return [f"runtime.mesh.data={data}", f"runtime.mesh.model={model}"]
 
 
-@pytest.fixture
-def jax_run():
-    return run_jax
-
-
 @pytest.fixture(scope="module")
 def lm_runs(tmp_path_factory):
     """textfiles_char_lm, 6 Adam steps, on a 1x1 mesh and on a 2x4 mesh."""
     runs = {}
     for data, model in ((1, 1), (2, 4)):
         out = str(tmp_path_factory.mktemp(f"lm_{data}x{model}"))
-        code, result, output = jax_run(
+        code, result, output = run_jax(
             {
                 "recipe": "textfiles_char_lm",
                 "overrides": SMALL_LM + _mesh(data, model),
@@ -89,15 +83,15 @@ def _weights(path):
     return [np.asarray(w) for w in model.weights]
 
 
-def test_sigkill_then_rerun_ends_with_the_uninterrupted_weights(lm_runs, jax_run, tmp_path):
+def test_sigkill_then_rerun_ends_with_the_uninterrupted_weights(lm_runs, tmp_path):
     out = str(tmp_path / "killed")
     config = {"recipe": "textfiles_char_lm", "overrides": SMALL_LM + _mesh(2, 4), "output_dir": out}
-    code, result, output = jax_run({**config, "kill_at_step": 5})
+    code, result, output = run_jax({**config, "kill_at_step": 5})
     assert code == -9 and result is None, output[-2000:]
     # Killed before step 5's save: the newest checkpoint is the epoch end (step 3), saved mid-run.
     saved = sorted(os.listdir(os.path.join(out, "checkpoints")))
     assert saved == ["ckpt-0.npz", "ckpt-2.npz", "ckpt-3.npz"], saved
-    code, result, output = jax_run(config)
+    code, result, output = run_jax(config)
     assert code == 0, output[-3000:]
     assert result["metrics"]["resumed_from_step"] == 3 and result["metrics"]["step"] == 6
     reference_dir, reference = lm_runs[(2, 4)]
@@ -130,9 +124,9 @@ def test_the_export_serves_the_trained_model(lm_runs):
 
 
 @pytest.mark.slow
-def test_data_parallel_over_8_devices_gives_the_single_device_losses(lm_runs, jax_run, tmp_path):
+def test_data_parallel_over_8_devices_gives_the_single_device_losses(lm_runs, tmp_path):
     _, one = lm_runs[(1, 1)]
-    code, result, output = jax_run(
+    code, result, output = run_jax(
         {
             "recipe": "textfiles_char_lm",
             "overrides": SMALL_LM + _mesh(8, 1),
@@ -207,3 +201,54 @@ def test_an_engine_does_not_resume_the_other_engines_checkpoints(tmp_path):
     (tmp_path / "j" / "checkpoints" / "ckpt-3.npz").write_bytes(b"")
     done = train_in_process("digits_cnn", "--output_dir", str(tmp_path / "j"))
     assert done.returncode == 2 and "checkpoints of the jax engine" in done.stderr, done.stderr
+
+
+class LossRecorder(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.losses = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.losses.append(float(logs["loss"]))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_the_two_engines_give_the_same_losses_from_the_same_weights(optimizer, tmp_path):
+    """digits_cnn without dropout (the engines draw different dropout masks) from one set of initial weights:
+    TensorFlow's trainer here, JAX's in a child process, the same per-step losses."""
+    import tensorflow as tf
+
+    from tpukit.models import MODELS
+
+    keras.utils.set_random_seed(0)
+    recipe = tpukit.load_recipe("digits_cnn")
+    start = str(tmp_path / "start.keras")
+    MODELS["small_cnn"](**{**recipe.model.kwargs, "dropout": 0.0}).save(start)
+    overrides = [
+        "model.dropout=0.0",
+        f"model.init_weights={start}",
+        f"train.optimizer={optimizer}",
+        "train.learning_rate=0.01",
+        "train.epochs=1",
+        "train.steps_per_epoch=8",
+        "runtime.verbose=0",
+    ]
+    recorder = LossRecorder()
+    tpukit.run(
+        tpukit.load_recipe("digits_cnn", overrides),
+        str(tmp_path / "tf"),
+        strategy=tf.distribute.get_strategy(),
+        callbacks=[recorder],
+    )
+    code, result, output = run_jax(
+        {
+            "recipe": "digits_cnn",
+            "overrides": overrides + _mesh(1, 1),
+            "output_dir": str(tmp_path / "jax"),
+        },
+        devices=1,
+    )
+    assert code == 0, output[-3000:]
+    assert len(recorder.losses) == len(result["losses"]) == 8
+    np.testing.assert_allclose(result["losses"], recorder.losses, rtol=1e-5, atol=1e-5)

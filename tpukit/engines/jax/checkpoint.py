@@ -114,7 +114,7 @@ class _Manager:
         return paths[0] if paths else None
 
 
-def _host(value) -> np.ndarray:
+def host_value(value) -> np.ndarray:
     """The whole value of a (possibly sharded, possibly multi-host) array on this host."""
     if getattr(value, "is_fully_addressable", True):
         return np.asarray(value)
@@ -157,13 +157,18 @@ class Checkpointer:
         return self.step + int(self.state.skipped_steps.numpy())
 
     def all_finite(self, variables) -> bool:
+        """Whether every floating-point variable holds only finite values: each process reads its own shards
+        (no collective program: on a CPU, JAX may run several enqueued multi-process programs at once, and their
+        collectives then meet in different orders on different hosts, which hangs), then one flag is shared."""
         self._sync()
-        checks = [
-            jax.numpy.all(jax.numpy.isfinite(v.value))
+        finite = all(
+            bool(np.isfinite(np.asarray(shard.data)).all())
             for v in variables
             if jax.numpy.issubdtype(v.value.dtype, jax.numpy.floating)
-        ]
-        return bool(jax.numpy.all(jax.numpy.stack(checks))) if checks else True
+            for shard in v.value.addressable_shards
+        )
+        agree = self.agreement(self.model)
+        return not agree(not finite) if agree is not None else finite
 
     def agreement(self, model):
         """`agree(flag) -> bool`: True when the flag is set in any process (multi-host); None on one host."""
@@ -182,7 +187,7 @@ class Checkpointer:
         self._sync()
         step = self.step
         variables = self._variables()
-        arrays = {f"v{i}": _host(v.value) for i, v in enumerate(variables)}
+        arrays = {f"v{i}": host_value(v.value) for i, v in enumerate(variables)}
         path = os.path.join(self.directory, f"ckpt-{step}{SUFFIX}")
         if self.chief:
             arrays[_PATHS_KEY] = np.array([v.path for v in variables])
@@ -229,6 +234,8 @@ class Checkpointer:
         for candidate in candidates:
             try:
                 self._restore_one(candidate)
+            except CheckpointMismatchError:
+                raise
             except _READ_ERRORS as error:
                 failures.append(
                     f"{candidate} ({type(error).__name__}: {str(error).splitlines()[0][:200]})"
@@ -263,8 +270,8 @@ class Checkpointer:
             arrays = [loaded[f"v{i}"] for i in range(len(saved_paths))]
             state = str(loaded[_STATE_KEY])
         variables = self._variables()
-        expected = [(v.path, tuple(v.shape)) for v in variables]
-        found = [(p, tuple(a.shape)) for p, a in zip(saved_paths, arrays, strict=True)]
+        expected = [(_unnumbered(v.path), tuple(v.shape)) for v in variables]
+        found = [(_unnumbered(p), tuple(a.shape)) for p, a in zip(saved_paths, arrays, strict=True)]
         if expected != found:
             difference = next(
                 (
@@ -281,6 +288,13 @@ class Checkpointer:
         for variable, value in zip(variables, arrays, strict=True):
             variable.assign(value)
         self.state.load(state)
+
+
+def _unnumbered(path: str) -> str:
+    """A variable path without the `_N` Keras appends to a default name already used in this process
+    (`seed_generator_1/seed_generator_state` in a process's second model is `seed_generator/...` in a new one):
+    variables are matched in order, by these paths and their shapes."""
+    return re.sub(r"_\d+(?=/|$)", "", path)
 
 
 def _fsync(path: str) -> None:

@@ -396,17 +396,7 @@ def train(session: Session, callbacks: list | None = None):
         checkpointer=session.checkpointer,
         steps_per_epoch=the_plan.steps_per_epoch,
         epochs=recipe.train.epochs,
-        callbacks=tf_engine._callbacks(
-            _exact_loss(session.model),
-            recipe,
-            the_plan.output_dir,
-            session.throughput,
-            the_plan.steps_per_execution,
-            False,
-            session.checkpointer.state,
-            chief=the_plan.chief,
-        )
-        + list(callbacks or []),
+        callbacks=_callbacks(session) + list(callbacks or []),
         checkpoint_every_steps=recipe.runtime.checkpoint_every_steps,
         checkpoint_max_overhead=recipe.runtime.checkpoint_max_overhead,
         max_nan_retries=recipe.train.max_nan_retries,
@@ -426,6 +416,30 @@ def train(session: Session, callbacks: list | None = None):
             outcome.status,
         )
     return outcome
+
+
+def _callbacks(session: Session) -> list:
+    """The TensorFlow engine's callbacks, run by every process: on several hosts each JAX computation (a
+    learning-rate read for TensorBoard included) is one program that all of them must run, so no callback may be
+    the chief's alone. Each process writes its summaries into its own task directory (`worker1/logs`, ...)."""
+    the_plan, recipe = session.plan, session.plan.recipe
+    result = tf_engine._callbacks(
+        _exact_loss(session.model),
+        recipe,
+        the_plan.output_dir,
+        session.throughput,
+        the_plan.steps_per_execution,
+        False,
+        session.checkpointer.state,
+        chief=True,
+    )
+    if the_plan.strategy.processes > 1 and recipe.train.export_best_by:
+        logger.warning(
+            "tpukit: train.export_best_by is not supported on a multi-host jax run yet (best.keras would need every "
+            "host's shards at each epoch end); the final model.keras is exported"
+        )
+        result = [c for c in result if not isinstance(c, callbacks_lib.ResumableModelCheckpoint)]
+    return result
 
 
 def evaluate(session: Session, outcome) -> dict[str, float]:
@@ -453,16 +467,24 @@ def export(session: Session, outcome) -> dict[str, str]:
     2.21 cannot load SavedModels that jax >= 0.11 exports through jax2tf. {} in eval mode or when stopped by a
     signal; the SavedModel is skipped, with a warning, where TensorFlow cannot export it."""
     the_plan = session.plan
-    if not the_plan.training or outcome.status in trainer.STOPPED.values() or not the_plan.chief:
+    if not the_plan.training or outcome.status in trainer.STOPPED.values():
         return {}
     from tpukit import rundir
     from tpukit.engines.tensorflow.export import KERAS_FILENAME, SAVED_MODEL_DIRNAME
 
+    model = session.model
+    if the_plan.strategy.processes > 1:
+        model = _host_copy(model)  # every process takes part in gathering the shards
+    if not the_plan.chief:
+        return {}
     tf.io.gfile.makedirs(the_plan.output_dir)
     keras_path = os.path.join(the_plan.output_dir, KERAS_FILENAME)
     temporary = rundir.temporary_name(keras_path)
     try:
-        session.model.save(temporary)
+        with (
+            _without_distribution() if the_plan.strategy.processes > 1 else contextlib.nullcontext()
+        ):
+            model.save(temporary)
         tf.io.gfile.rename(temporary, keras_path, overwrite=True)
     finally:
         if tf.io.gfile.exists(temporary):
@@ -493,6 +515,30 @@ def export(session: Session, outcome) -> dict[str, str]:
             (result.stderr.strip().splitlines() or ["(no output)"])[-1][:500],
         )
     return exported
+
+
+@contextlib.contextmanager
+def _without_distribution():
+    """Keras' global distribution off: variables made inside (Keras' saving makes some) live on this process's
+    default device alone, so no other process needs to take part."""
+    previous = keras.distribution.distribution()
+    keras.distribution.set_distribution(None)
+    try:
+        yield
+    finally:
+        keras.distribution.set_distribution(previous)
+
+
+def _host_copy(model):
+    """On several hosts no process holds every shard, and Keras saves a variable by reading it whole: a copy of
+    the model with the gathered values on this host (its architecture and weights; not compiled)."""
+    values = [
+        checkpoint_lib.host_value(v.value) for v in model.weights
+    ]  # a collective: every process
+    with _without_distribution():
+        copy = keras.models.clone_model(model)
+        copy.set_weights(values)
+    return copy
 
 
 def _flops_per_example(model) -> float | None:
