@@ -252,3 +252,94 @@ def test_the_two_engines_give_the_same_losses_from_the_same_weights(optimizer, t
     assert code == 0, output[-3000:]
     assert len(recorder.losses) == len(result["losses"]) == 8
     np.testing.assert_allclose(result["losses"], recorder.losses, rtol=1e-5, atol=1e-5)
+
+
+DIGITS = ["train.epochs=2", "train.steps_per_epoch=4", "runtime.verbose=0"]
+
+
+def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path):
+    out = str(tmp_path / "run")
+    config = {"recipe": "digits_cnn", "overrides": DIGITS, "output_dir": out}
+    code, first, output = run_jax(config, devices=2)
+    assert code == 0, output[-3000:]
+    newest = os.path.join(out, "checkpoints", "ckpt-8.npz")
+    with open(newest, "r+b") as f:
+        f.truncate(100)  # a disk that handed back half a file
+    code, again, output = run_jax(config, devices=2)
+    assert code == 0, output[-3000:]
+    assert "ckpt-8.npz is incomplete or damaged" in output and "could not be read" in output
+    assert again["metrics"]["resumed_from_step"] == 4 and again["metrics"]["step"] == 8
+    np.testing.assert_allclose(again["losses"], first["losses"][4:], atol=1e-6)
+
+
+def test_divergence_rolls_back_then_stops_with_the_fix(tmp_path):
+    config = {
+        "name": "diverges",
+        "recipe": "digits_cnn",
+        "overrides": [
+            *DIGITS,
+            "train.learning_rate=1.0e+12",
+            "train.max_nan_retries=1",
+            "train.optimizer=sgd",
+        ],
+        "output_dir": str(tmp_path / "run"),
+    }
+    code, results, output = run_jax({"runs": [config]}, devices=2, all_results=True)
+    assert code == 0, output[-3000:]
+    assert results[0]["error"].startswith("TrainingDivergedError: the loss became non-finite"), (
+        results
+    )
+    assert "after 1 rollback(s) (train.max_nan_retries=1)" in results[0]["error"]
+    assert "rolled back to step" in output
+
+
+@pytest.mark.slow
+def test_steps_per_execution_early_stopping_best_model_tensorboard_and_bfloat16(tmp_path):
+    out = tmp_path / "run"
+    overrides = [
+        "train.epochs=3",
+        "train.steps_per_epoch=4",
+        "runtime.verbose=0",
+        "runtime.steps_per_execution=4",
+        "train.export_best_by=val_loss",
+        "train.early_stopping_patience=5",
+    ]
+    code, result, output = run_jax(
+        {"recipe": "digits_cnn", "overrides": overrides, "output_dir": str(out)}, devices=2
+    )
+    assert code == 0, output[-3000:]
+    metrics = result["metrics"]
+    assert (
+        metrics["steps_per_execution"] == 4
+        and metrics["status"] == "done"
+        and metrics["step"] == 12
+    )
+    assert metrics["eval_examples"] == 360
+    assert (out / "best.keras").exists() and (out / "saved_model").is_dir()
+    assert any(name.startswith("events") for name in os.listdir(out / "logs" / "train"))
+    # The reported accuracy is the exported model's over the 360 held-out digits, recounted here on TensorFlow
+    # (in float32: in bfloat16 the two backends round differently and may flip a borderline prediction).
+    from tpukit import data
+
+    recipe = tpukit.load_recipe("digits_cnn")
+    source = data.SOURCES[recipe.data.source]
+    examples = source(split=recipe.data.eval_split, input_context=None, **recipe.data.options)
+    model = tpukit.load_model(str(out / "model.keras"))
+    correct = count = 0
+    for features, labels in examples.batch(64):
+        correct += int(np.sum(np.argmax(model(features, training=False), -1) == labels.numpy()))
+        count += len(labels)
+    assert count == 360 and metrics["eval"]["accuracy"] * 360 == pytest.approx(correct, abs=1e-3)
+
+    bf16 = [*overrides[:3], "runtime.precision=mixed_bfloat16"]
+    code, result, output = run_jax(
+        {"recipe": "digits_cnn", "overrides": bf16, "output_dir": str(tmp_path / "bf16")}, devices=2
+    )
+    assert code == 0, output[-3000:]
+    assert result["metrics"]["precision"] == "mixed_bfloat16" and np.isfinite(
+        result["metrics"]["eval"]["loss"]
+    )
+    assert (
+        tpukit.load_model(str(tmp_path / "bf16" / "model.keras")).dtype_policy.name
+        == "mixed_bfloat16"
+    )
