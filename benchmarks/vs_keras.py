@@ -3,6 +3,7 @@
     python benchmarks/vs_keras.py --quick                 # 1 round per row, a few minutes on a 2-core CPU
     python benchmarks/vs_keras.py                         # 3 rounds per row, more steps (~15-20 min)
     python benchmarks/vs_keras.py --rows mlp cnn --rounds 5 --out /tmp/vs_keras.json
+    python benchmarks/vs_keras.py --engine jax --quick    # the same rows on Keras' JAX backend
 
 For each row of `workloads.py` (MLP, small CNN, ResNet, transformer), three variants, each a whole subprocess:
 
@@ -23,6 +24,13 @@ excluded); wall time is measured by this process around each subprocess (startup
 validation, evaluation and outputs). Ratios: `c/a` and `c/b` of examples/s, and `a/c` and `b/c` of wall time (so
 above 1.0 means tpukit is faster in both). Medians over rounds; on a shared machine only ratios within one run mean
 anything. Nothing here runs on a TPU: CPU figures say nothing about TPU speed.
+
+`--engine jax` runs the same rows on Keras' JAX backend (`KERAS_BACKEND=jax` in every child, results in
+`results/vs_keras_jax.json`): (a) is the same tutorial script, except that the MLP row distributes with
+`keras.distribution.DataParallel()` (Keras' JAX distribution guide) instead of `MirroredStrategy`; (b) sets
+tpukit's precision, `jit_compile` and `steps_per_execution` on the same hand-written `tf.data` pipeline, without a
+distribution (it refuses a mesh of more than one device); (c) is tpukit with `runtime.engine: jax` and its default
+mesh (every device on `data`: one CPU device unless XLA_FLAGS asks for more).
 """
 
 from __future__ import annotations
@@ -39,7 +47,11 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 VARIANTS = ("c", "a", "b")  # the order of one round
-DEFAULT_OUT = os.path.join(HERE, "results", "vs_keras.json")
+ENGINES = ("tensorflow", "jax")
+DEFAULT_OUT = {
+    "tensorflow": os.path.join(HERE, "results", "vs_keras.json"),
+    "jax": os.path.join(HERE, "results", "vs_keras_jax.json"),
+}
 
 
 # -- the child process: one variant of one row ---------------------------------------------------------------------
@@ -78,23 +90,7 @@ def _plain_keras(row, variant: str, settings: dict, output_dir: str) -> dict:
                 f"vs_keras: (b) knows only the default strategy; tpukit chose {settings['strategy']}"
             )
         strategy = tf.distribute.get_strategy()
-        options = tf.data.Options()
-        options.deterministic = False
-        train = (
-            tf.data.Dataset.from_tensor_slices((x, y))
-            .cache()
-            .shuffle(row.shuffle_buffer)
-            .repeat()
-            .batch(row.global_batch_size, drop_remainder=True, num_parallel_calls=tf.data.AUTOTUNE)
-            .prefetch(tf.data.AUTOTUNE)
-            .with_options(options)
-        )
-        validation_data = None
-        if validation is not None:
-            validation_data = (
-                tf.data.Dataset.from_tensor_slices(validation).batch(row.global_batch_size).cache()
-            )
-            validation_data = validation_data.prefetch(tf.data.AUTOTUNE)
+        train, validation_data = _tuned_datasets(row, x, y, validation)
         with strategy.scope():
             model = row.build_model()
             model.compile(
@@ -122,12 +118,97 @@ def _plain_keras(row, variant: str, settings: dict, output_dir: str) -> dict:
     }
 
 
-def _tpukit(row, output_dir: str) -> dict:
+def _tuned_datasets(row, x, y, validation) -> tuple:
+    """(b)'s hand-written tf.data pipelines: train (cache, shuffle, repeat, batch with `drop_remainder`, prefetch,
+    non-deterministic order) and validation (batch, cache, prefetch; None without evaluation)."""
+    import tensorflow as tf
+
+    options = tf.data.Options()
+    options.deterministic = False
+    train = (
+        tf.data.Dataset.from_tensor_slices((x, y))
+        .cache()
+        .shuffle(row.shuffle_buffer)
+        .repeat()
+        .batch(row.global_batch_size, drop_remainder=True, num_parallel_calls=tf.data.AUTOTUNE)
+        .prefetch(tf.data.AUTOTUNE)
+        .with_options(options)
+    )
+    validation_data = None
+    if validation is not None:
+        validation_data = (
+            tf.data.Dataset.from_tensor_slices(validation).batch(row.global_batch_size).cache()
+        )
+        validation_data = validation_data.prefetch(tf.data.AUTOTUNE)
+    return train, validation_data
+
+
+def _plain_keras_jax(row, variant: str, settings: dict, output_dir: str) -> dict:
+    """(a) and (b) on Keras' JAX backend (the child has KERAS_BACKEND=jax)."""
+    import keras
+    from workloads import SteadyRate
+
+    timer = SteadyRate(row.global_batch_size)
+    x, y = row.arrays("train")
+    validation = row.arrays("test") if row.eval_examples else None
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    if variant == "a":
+        # The tutorial script on JAX; the MLP row distributes as Keras' JAX distribution guide does.
+        if row.name == "mlp":
+            keras.distribution.set_distribution(keras.distribution.DataParallel())
+        model = row.build_model()
+        model.compile(optimizer=row.keras_optimizer(), loss=loss, metrics=["accuracy"])
+        model.fit(
+            x,
+            y,
+            batch_size=row.global_batch_size,
+            epochs=row.epochs,
+            validation_data=validation,
+            callbacks=[timer],
+        )
+        if validation is not None:
+            model.evaluate(*validation, batch_size=row.global_batch_size)
+    else:
+        if settings.get("devices", 1) != 1:
+            raise SystemExit(
+                f"vs_keras: (b) on jax knows only one device; tpukit's mesh had {settings['devices']}"
+            )
+        keras.mixed_precision.set_global_policy(settings["precision"])
+        train, validation_data = _tuned_datasets(row, x, y, validation)
+        model = row.build_model()
+        model.compile(
+            optimizer=row.keras_optimizer(),
+            loss=loss,
+            metrics=["accuracy"],
+            jit_compile=settings["jit_compile"],
+            steps_per_execution=settings["steps_per_execution"],
+        )
+        model.fit(
+            train,
+            epochs=row.epochs,
+            steps_per_epoch=row.steps_per_epoch,
+            validation_data=validation_data,
+            callbacks=[timer],
+            verbose=2,
+        )
+        if validation_data is not None:
+            model.evaluate(validation_data, verbose=2)
+    model.save(os.path.join(output_dir, "model.keras"))
+    return {
+        "examples_per_second": timer.examples_per_second,
+        "time_to_first_step": timer.time_to_first_step,
+        "steps_timed": timer.steps,
+    }
+
+
+def _tpukit(row, output_dir: str, engine: str = "tensorflow") -> dict:
     from workloads import SteadyRate, mlp
 
     import tpukit
 
     timer = SteadyRate(row.global_batch_size)
+    # The TensorFlow path passes no engine, as before; jax: runtime.engine=jax with the default mesh.
+    engine_setting = {} if engine == "tensorflow" else {"engine": engine}
     if row.name == "mlp":
         x, y = row.arrays("train")
         metrics = tpukit.fit(
@@ -143,12 +224,17 @@ def _tpukit(row, output_dir: str) -> dict:
             steps_per_execution="auto",
             shuffle_buffer=row.shuffle_buffer,
             callbacks=[timer],
+            **engine_setting,
         )
     else:
-        metrics = tpukit.run(row.recipe(), output_dir, callbacks=[timer])
+        metrics = tpukit.run(row.recipe(**engine_setting), output_dir, callbacks=[timer])
     chosen = {
         key: metrics[key] for key in ("strategy", "precision", "jit_compile", "steps_per_execution")
     }
+    if engine == "jax":
+        import jax
+
+        chosen["devices"] = jax.device_count()
     return {
         "examples_per_second": timer.examples_per_second,
         "time_to_first_step": timer.time_to_first_step,
@@ -160,17 +246,21 @@ def _tpukit(row, output_dir: str) -> dict:
 
 
 def child(args) -> int:
+    import tpukit
+
+    tpukit.use_engine(args.engine)  # before workloads imports keras
     sys.path.insert(0, HERE)
     from workloads import workload
 
     row = workload(args.row, args.quick)
     settings = json.loads(args.settings) if args.settings else {}
     with tempfile.TemporaryDirectory() as output_dir:
-        result = (
-            _tpukit(row, output_dir)
-            if args.variant == "c"
-            else _plain_keras(row, args.variant, settings, output_dir)
-        )
+        if args.variant == "c":
+            result = _tpukit(row, output_dir, args.engine)
+        elif args.engine == "jax":
+            result = _plain_keras_jax(row, args.variant, settings, output_dir)
+        else:
+            result = _plain_keras(row, args.variant, settings, output_dir)
     with open(args.result, "w", encoding="utf-8") as f:
         json.dump(result, f)
     return 0
@@ -195,22 +285,31 @@ def machine() -> dict:
     }
 
 
-def versions() -> dict:
+def versions(engine: str = "tensorflow") -> dict:
+    code = "import tensorflow as tf, keras; print(tf.__version__, keras.__version__)"
+    names = ["tensorflow", "keras"]
+    if engine == "jax":
+        code = "import jax, jaxlib; " + code.replace(
+            "print(", "print(jax.__version__, jaxlib.__version__, "
+        )
+        names = ["jax", "jaxlib", *names]
     out = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import tensorflow as tf, keras; print(tf.__version__, keras.__version__)",
-        ],
+        [sys.executable, "-c", code],
         capture_output=True,
         text=True,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND=engine),
     ).stdout.split()
-    return {"tensorflow": out[0], "keras": out[1]} if len(out) == 2 else {}
+    return dict(zip(names, out, strict=True)) if len(out) == len(names) else {}
 
 
 def run_variant(
-    row: str, variant: str, quick: bool, settings: dict | None, log_dir: str, index: int
+    row: str,
+    variant: str,
+    quick: bool,
+    settings: dict | None,
+    log_dir: str,
+    index: int,
+    engine: str = "tensorflow",
 ) -> dict:
     result_path = os.path.join(log_dir, f"{row}-{variant}-{index}.json")
     command = [
@@ -223,12 +322,14 @@ def run_variant(
         variant,
         "--result",
         result_path,
+        "--engine",
+        engine,
     ] + (["--quick"] if quick else [])
     if settings:
         command += ["--settings", json.dumps(settings)]
-    env = dict(
-        os.environ, TF_CPP_MIN_LOG_LEVEL="2", KERAS_BACKEND="tensorflow", CUDA_VISIBLE_DEVICES=""
-    )
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", KERAS_BACKEND=engine, CUDA_VISIBLE_DEVICES="")
+    if engine == "jax":
+        env["JAX_PLATFORMS"] = "cpu"  # like CUDA_VISIBLE_DEVICES="" for TensorFlow: the CPU only
     log_path = os.path.join(log_dir, f"{row}-{variant}-{index}.log")
     start = time.perf_counter()
     with open(log_path, "w") as log:
@@ -299,7 +400,15 @@ def main(argv=None) -> int:
         "--rows", nargs="+", default=None, help="rows of workloads.ROWS (default: all)"
     )
     parser.add_argument(
-        "--out", default=DEFAULT_OUT, help="JSON results (default benchmarks/results/vs_keras.json)"
+        "--engine",
+        choices=ENGINES,
+        default="tensorflow",
+        help="Keras backend of (a) and (b), and tpukit's runtime.engine for (c) (default tensorflow)",
+    )
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="JSON results (default benchmarks/results/vs_keras.json, with --engine jax vs_keras_jax.json)",
     )
     parser.add_argument("--_child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--row", help=argparse.SUPPRESS)
@@ -317,13 +426,15 @@ def main(argv=None) -> int:
     if unknown:
         parser.error(f"--rows: unknown {', '.join(unknown)}; valid: {', '.join(ROWS)}")
     rounds = args.rounds or (1 if args.quick else 3)
+    out = args.out or DEFAULT_OUT[args.engine]
     started = time.time()
     report = {
         "command": " ".join(
             ["python", "benchmarks/vs_keras.py", *(argv if argv is not None else sys.argv[1:])]
         ),
         "machine": machine(),
-        "versions": versions(),
+        "engine": args.engine,
+        "versions": versions(args.engine),
         "quick": args.quick,
         "rounds": rounds,
         "rows": {},
@@ -334,7 +445,9 @@ def main(argv=None) -> int:
             for index in range(rounds):
                 for variant in VARIANTS:
                     settings = runs["c"][-1]["settings"] if variant == "b" else None
-                    result = run_variant(name, variant, args.quick, settings, log_dir, index)
+                    result = run_variant(
+                        name, variant, args.quick, settings, log_dir, index, args.engine
+                    )
                     runs[variant].append(result)
                     print(
                         f"  {name} ({variant}) round {index + 1}: {result['examples_per_second'] or 0:.0f} ex/s, "
@@ -346,10 +459,10 @@ def main(argv=None) -> int:
     report["machine"]["load_average_at_end"] = os.getloadavg()
     text = table({name: row for name, row in report["rows"].items()})
     print(text)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as f:
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w", encoding="utf-8") as f:
         json.dump(report, f, indent=1)
-    print(f"wrote {args.out} ({report['seconds']:.0f} s)")
+    print(f"wrote {out} ({report['seconds']:.0f} s)")
     return 0
 
 

@@ -229,6 +229,7 @@ def test_the_two_engines_give_the_same_losses_from_the_same_weights(optimizer, t
         "model.dropout=0.0",
         f"model.init_weights={start}",
         f"train.optimizer={optimizer}",
+        "train.weight_decay=0",
         "train.learning_rate=0.01",
         "train.epochs=1",
         "train.steps_per_epoch=8",
