@@ -83,6 +83,7 @@ def make_plan(
     evaluating = planner.check_request(recipe, mode, checkpoint)
     planner.check_output_dir(output_dir, mode)
     changes_lib.check_accepted_names(accept_changes)
+    planner.check_model_axis(recipe)  # before connecting: waiting for a TPU can take minutes
     hardware = engine.hardware(recipe, strategy, output_dir)
     planner.check_mesh(recipe, hardware)  # before the data is counted: it needs only the engine
     output_dir = planner.worker_output_dir(hardware.worker, output_dir)

@@ -34,7 +34,7 @@ def test_an_entry_that_matches_nothing_names_the_path_it_missed():
     with pytest.raises(RecipeError) as error:
         layouts.check_matched(paths)
     message = str(error.value)
-    assert "runtime.layout['d1/kernel'] matches no variable" in message
+    assert "runtime.layout, entry 'd1/kernel', matches no variable" in message
     assert "'sequential/d1/kernel' needs '.*d1/kernel'" in message
 
 
@@ -45,7 +45,15 @@ def test_a_dimension_that_does_not_divide_names_the_variable_and_the_numbers():
     message = str(error.value)
     assert "movie_embedding/embeddings (shape [3706, 32])" in message
     assert "4 devices of mesh axis 'model'" in message and "3706 does not divide by 4" in message
-    assert "mesh.model that divides 3706 (e.g. 2)" in message and "3708 instead of 3706" in message
+    assert "--set runtime.mesh.model=2 (it divides 3706 and the 8 devices)" in message
+    assert "3708 instead of 3706" in message
+
+
+def test_the_suggested_axis_divides_the_devices_too():
+    # 510 = 2 x 3 x 5 x 17: 3 divides it but not the 8 devices, so the run would refuse mesh.model=3.
+    layouts = Layouts({r".*mlp_in/kernel": (None, "model")}, MESH, "runtime.layout")
+    with pytest.raises(RecipeError, match=re.escape("--set runtime.mesh.model=2 (it divides 510")):
+        layouts.axes_for("block0/mlp_in/kernel", (128, 510))
 
 
 @pytest.mark.parametrize(
@@ -61,7 +69,7 @@ def test_a_dimension_that_does_not_divide_names_the_variable_and_the_numbers():
             {".*kernel": ("model",)},
             "dense/kernel",
             (4, 4),
-            "gives 1 dimension(s), but variable dense/kernel",
+            "gives 1 dimension(s) ([model]), but variable dense/kernel",
         ),
     ],
 )
@@ -72,7 +80,9 @@ def test_ambiguous_or_misshapen_entries(layout, path, shape, expected):
 
 
 def test_an_unknown_axis_is_refused_at_once():
-    with pytest.raises(RecipeError, match="names axis 'tensor'; the mesh has data, model"):
+    with pytest.raises(
+        RecipeError, match="entry '.\\*kernel', names axis 'tensor'; the mesh has data, model"
+    ):
         Layouts({".*kernel": (None, "tensor")}, MESH, "runtime.layout")
 
 

@@ -334,21 +334,27 @@ def check_mesh(recipe: Recipe, hardware: Hardware) -> None:
     """`runtime.mesh` against the engine: a `model` axis needs the jax engine (TensorFlow cannot shard a Keras 3
     model's weights: `keras.distribution.ModelParallel` is ignored on its backend), and on the tensorflow engine a
     `data` size must be the strategy's replica count."""
+    check_model_axis(recipe)
     mesh = recipe.runtime.mesh
     if hardware.engine == "jax":
         return  # the jax engine sized its mesh from this key (`Hardware.mesh`)
-    if mesh["model"] > 1:
-        raise RecipeError(
-            f"{recipe.path}: runtime.mesh.model={mesh['model']} splits weights over {mesh['model']} devices, which "
-            f"only the jax engine can do (on the {hardware.engine} engine Keras ignores model parallelism: the "
-            "weights would stay whole on every device). Fix: --set runtime.engine=jax (pip install "
-            '"tpukit[jax]"), or --set runtime.mesh.model=1.'
-        )
     if mesh["data"] != "auto" and mesh["data"] != hardware.replicas:
         raise RecipeError(
             f"{recipe.path}: runtime.mesh.data={mesh['data']}, but the {hardware.engine} engine's {hardware.kind} "
             f"strategy has {hardware.replicas} replica(s) and uses them all. Fix: --set runtime.mesh.data=auto, or "
             "--set runtime.engine=jax to train on a chosen number of devices."
+        )
+
+
+def check_model_axis(recipe: Recipe) -> None:
+    """A `model` axis above 1 on the tensorflow engine: refused before it connects (a TPU can take minutes)."""
+    mesh = recipe.runtime.mesh
+    if recipe.runtime.engine == "tensorflow" and mesh["model"] > 1:
+        raise RecipeError(
+            f"{recipe.path}: runtime.mesh.model={mesh['model']} splits weights over {mesh['model']} devices, which "
+            "only the jax engine can do (on the tensorflow engine Keras ignores model parallelism: the weights "
+            'would stay whole on every device). Fix: --set runtime.engine=jax (pip install "tpukit[jax]"), or '
+            "--set runtime.mesh.model=1."
         )
 
 

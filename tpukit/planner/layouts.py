@@ -35,8 +35,8 @@ class Layouts:
             unknown = [a for a in axes if a is not None and a not in mesh]
             if unknown:
                 raise RecipeError(
-                    f"{source}[{pattern!r}] names axis {unknown[0]!r}; the mesh has {', '.join(mesh)}. Fix: use "
-                    f"one of those (or null for a dimension that is not split)."
+                    f"{source}, entry {pattern!r}, names axis {unknown[0]!r}; the mesh has {', '.join(mesh)}. Fix: "
+                    "use one of those (or null for a dimension that is not split)."
                 )
 
     def axes_for(self, path: str, shape: tuple[int, ...]) -> tuple[str | None, ...]:
@@ -54,20 +54,22 @@ class Layouts:
         self._matched[pattern] += 1
         if len(axes) != len(shape):
             raise RecipeError(
-                f"{self.source}[{pattern!r}] = {list(axes)} gives {len(axes)} dimension(s), but variable {path} "
-                f"has shape {list(shape)} ({len(shape)} dimensions). Fix: give one axis name or null per dimension, "
-                f"e.g. {[None] * (len(shape) - 1) + ['model']}."
+                f"{self._where(pattern)} gives {len(axes)} dimension(s) ({_yaml(axes)}), but variable {path} has "
+                f"shape {list(shape)} ({len(shape)} dimensions). Fix: one axis name or null per dimension, e.g. "
+                f"{_yaml([None] * (len(shape) - 1) + ['model'])}."
             )
+        total = math.prod(self.mesh.values())
         for dimension, (size, axis) in enumerate(zip(shape, axes, strict=True)):
             devices = self.mesh.get(axis, 1) if axis else 1
             if size % devices:
-                options = [d for d in range(1, devices + 1) if size % d == 0]
+                # A smaller axis must divide the variable and the mesh's devices.
+                options = [d for d in range(1, devices) if size % d == 0 and total % d == 0]
                 raise RecipeError(
-                    f"{self.source}[{pattern!r}] splits dimension {dimension} of variable {path} (shape "
+                    f"{self._where(pattern)} splits dimension {dimension} of variable {path} (shape "
                     f"{list(shape)}) over the {devices} devices of mesh axis {axis!r}, but {size} does not divide by "
-                    f"{devices}. Fix: a mesh.{axis} that divides {size} (e.g. {max(options)}), a model size that "
-                    f"divides by {devices} (e.g. {_multiple(size, devices)} instead of {size}), or a layout that "
-                    "leaves that dimension unsplit (null)."
+                    f"{devices}. Fix: --set runtime.mesh.{axis}={max(options)} (it divides {size} and the "
+                    f"{total} devices), a model size that divides by {devices} (e.g. {_multiple(size, devices)} "
+                    f"instead of {size}), or a layout that leaves that dimension unsplit (null)."
                 )
         if any(axis and self.mesh.get(axis, 1) > 1 for axis in axes):
             self._sharded[path] = list(axes)
@@ -92,14 +94,22 @@ class Layouts:
                 else ""
             )
             raise RecipeError(
-                f"{self.source}[{pattern!r}] matches no variable of the model ({len(paths)} variables), so it would "
+                f"{self._where(pattern)} matches no variable of the model ({len(paths)} variables), so it would "
                 f"shard nothing.{hint} Fix: correct the pattern (tpukit.plan(...).describe() and "
                 "model.weights list the paths), or remove the entry."
             )
 
+    def _where(self, pattern: str) -> str:
+        return f"{self.source}, entry {pattern!r},"
+
     def sharded(self) -> dict[str, list]:
         """{variable path: its axes} of every variable split over a mesh axis with more than one device."""
         return dict(self._sharded)
+
+
+def _yaml(axes) -> str:
+    """Axes as a recipe writes them: [null, model]."""
+    return "[" + ", ".join("null" if a is None else str(a) for a in axes) + "]"
 
 
 def _multiple(size: int, devices: int) -> int:

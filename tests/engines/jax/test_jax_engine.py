@@ -342,3 +342,28 @@ def test_steps_per_execution_early_stopping_best_model_tensorboard_and_bfloat16(
     )
     trained = keras.saving.load_model(str(tmp_path / "bf16" / "model.keras"), compile=False)
     assert trained.get_layer("block0_conv1").dtype_policy.name == "mixed_bfloat16"
+
+
+def test_batch_end_work_stays_on_the_main_thread():
+    """Keras on JAX hands batch-end log conversions to a thread pool unless a callback overrides the hooks; on a
+    mesh that deadlocked the CPU collectives of a long evaluation. Checked in a JAX process (on TensorFlow Keras
+    never dispatches them asynchronously, so this process would prove nothing)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import keras; from tpukit.engines.jax import engine; "
+        "plain = keras.callbacks.CallbackList([keras.callbacks.Callback()]); "
+        "ours = keras.callbacks.CallbackList([engine.InOrder()]); "
+        "print(plain._async_test, ours._async_train, ours._async_test, ours._async_predict)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, KERAS_BACKEND="jax", TF_CPP_MIN_LOG_LEVEL="2"),
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    # Keras' own flags (keras/src/callbacks/callback_list.py, `_configure_async_dispatch`): on without InOrder.
+    assert done.stdout.split()[-4:] == ["True", "False", "False", "False"], done.stdout

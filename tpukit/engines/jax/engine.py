@@ -105,10 +105,11 @@ def hardware(recipe: Recipe, strategy, output_dir: str) -> Hardware:
         devices = jax.devices()
         requested = recipe.runtime.mesh
         model = requested["model"]
-        if len(devices) % model:
+        if requested["data"] == "auto" and len(devices) % model:
             raise RecipeError(
-                f"{recipe.path}: runtime.mesh.model={model} does not divide the {len(devices)} devices here. Fix: "
-                f"--set runtime.mesh.model to a divisor of {len(devices)}."
+                f"{recipe.path}: runtime.mesh.model={model} does not divide the {len(devices)} devices here, so "
+                f"data: auto cannot use them all. Fix: --set runtime.mesh.model to a divisor of {len(devices)}, or "
+                "set runtime.mesh.data too (a mesh smaller than the machine)."
             )
         data_size = len(devices) // model if requested["data"] == "auto" else requested["data"]
         if data_size * model > len(devices):
@@ -418,6 +419,25 @@ def train(session: Session, callbacks: list | None = None):
     return outcome
 
 
+class InOrder(keras.callbacks.Callback):
+    """Keeps Keras from handing batch-end work to a thread pool. Keras 3.15's `CallbackList` converts each
+    batch's logs on a `ThreadPoolExecutor` when no callback overrides the batch-end hook
+    (`keras/src/callbacks/callback_list.py`, `_configure_async_dispatch`); on a mesh those conversions are
+    multi-device programs, and running them beside the main thread's (the metrics' results at the end of an
+    evaluation) deadlocked XLA's CPU collectives here ("Termination timeout for all reduce ... only 3 arrived",
+    then SIGABRT, in the 400-step textfiles_char_lm on a 2x4 mesh). Overriding the hooks keeps every program on the
+    main thread, in one order, as every host must launch them. Public API only; no upstream issue found."""
+
+    def on_train_batch_end(self, batch, logs=None):
+        pass
+
+    def on_test_batch_end(self, batch, logs=None):
+        pass
+
+    def on_predict_batch_end(self, batch, logs=None):
+        pass
+
+
 def _callbacks(session: Session) -> list:
     """The TensorFlow engine's callbacks, run by every process: on several hosts each JAX computation (a
     learning-rate read for TensorBoard included) is one program that all of them must run, so no callback may be
@@ -433,6 +453,7 @@ def _callbacks(session: Session) -> list:
         session.checkpointer.state,
         chief=True,
     )
+    result.append(InOrder())
     if the_plan.strategy.processes > 1 and recipe.train.export_best_by:
         logger.warning(
             "tpukit: train.export_best_by is not supported on a multi-host jax run yet (best.keras would need every "
@@ -454,7 +475,7 @@ def evaluate(session: Session, outcome) -> dict[str, float]:
         steps=the_plan.eval_steps,
         return_dict=True,
         verbose=_verbose(the_plan.recipe.runtime.verbose),
-        callbacks=[callbacks_lib.ExactValidationLoss(exact_loss)],
+        callbacks=[callbacks_lib.ExactValidationLoss(exact_loss), InOrder()],
     )
     return callbacks_lib.with_aliases(
         {k: float(v) for k, v in results.items()}, exact_loss=exact_loss
@@ -618,7 +639,7 @@ def report(session: Session, outcome, evaluation: dict, exported: dict) -> dict:
     metrics = tf_engine.report(session, outcome, evaluation, exported)
     metrics.update(
         engine=NAME,
-        strategy=type(session.distribution).__mro__[1].__name__ if session.distribution else "none",
+        strategy="ModelParallel" if session.plan.mesh["model"] > 1 else "DataParallel",
         peak_flops_dtype=flops.peak_dtype(
             session.plan.precision, "tpu" if session.plan.strategy_kind == "jax_tpu" else "default"
         ),
