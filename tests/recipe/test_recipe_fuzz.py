@@ -413,6 +413,12 @@ def overrides(draw, path):
                 st.sampled_from([key, f"{section}.{key}.x", f"{section}.", f"trian.{key}", ""])
             )
             result.append(f"{dotted}={draw(st.text(max_size=8))}")
+            if dotted == f"{section}.{key}.x":
+                # A key of a mapping (`--set runtime.mesh.model=4`): refused, naming the key, unless the key is a
+                # mapping that may take it (runtime.layout's keys are regular expressions).
+                names.append(f"{section}.{key}")
+                if (section, key) in (("runtime", "layout"), ("runtime", "mesh")):
+                    continue
             must_fail = True
             continue
         if kind == "value":
