@@ -30,8 +30,8 @@ import tensorflow as tf
 from tpukit import rundir
 from tpukit.engines.tensorflow import keras_private
 from tpukit.engines.tensorflow.checkpoint import (
-    CheckpointCorruptError,
     CheckpointMismatchError,
+    restore_first_readable,
 )
 
 logger = logging.getLogger("tpukit")
@@ -227,40 +227,8 @@ class Checkpointer:
         self.optimizer.build(self.model.trainable_variables)
         if path and not path.endswith(SUFFIX):
             path += SUFFIX
-        candidates = [path] if path else checkpoint_paths(self.directory)
-        if not candidates:
-            return 0
-        failures = []
-        for candidate in candidates:
-            try:
-                self._restore_one(candidate)
-            except CheckpointMismatchError:
-                raise
-            except _READ_ERRORS as error:
-                failures.append(
-                    f"{candidate} ({type(error).__name__}: {str(error).splitlines()[0][:200]})"
-                )
-                logger.warning(
-                    "tpukit: checkpoint %s is incomplete or damaged (%s)%s",
-                    candidate,
-                    type(error).__name__,
-                    "; trying the previous one" if candidate != candidates[-1] else "",
-                )
-                continue
-            if failures:
-                logger.warning(
-                    "tpukit: resumed from %s (step %d) because the newer checkpoint(s) could not be read: %s",
-                    candidate,
-                    self.step,
-                    "; ".join(failures),
-                )
-            else:
-                logger.info("tpukit: restored %s at step %d", candidate, self.step)
-            self.last_saved_step = self.step
-            return self.step
-        raise CheckpointCorruptError(
-            f"no checkpoint in {os.path.dirname(candidates[0])} could be read: {'; '.join(failures)}. Fix: restore "
-            "the files from a backup, or delete that directory (or pass a new --output_dir) to start over."
+        return restore_first_readable(
+            self, [path] if path else checkpoint_paths(self.directory), _READ_ERRORS
         )
 
     def _restore_one(self, path: str) -> None:

@@ -183,39 +183,7 @@ class Checkpointer:
         # Keras creates optimizer slots lazily; build them (inside the strategy scope, by the caller) so the
         # restore fills them now and a mismatch is reported now, not at the first step.
         self.optimizer.build(self.model.trainable_variables)
-        candidates = [path] if path else self.candidates()
-        if not candidates:
-            return 0
-        failures = []
-        for candidate in candidates:
-            try:
-                self._restore_one(candidate)
-            except _READ_ERRORS as error:
-                failures.append(
-                    f"{candidate} ({type(error).__name__}: {str(error).splitlines()[0][:200]})"
-                )
-                logger.warning(
-                    "tpukit: checkpoint %s is incomplete or damaged (%s)%s",
-                    candidate,
-                    type(error).__name__,
-                    "; trying the previous one" if candidate != candidates[-1] else "",
-                )
-                continue
-            if failures:
-                logger.warning(
-                    "tpukit: resumed from %s (step %d) because the newer checkpoint(s) could not be read: %s",
-                    candidate,
-                    self.step,
-                    "; ".join(failures),
-                )
-            else:
-                logger.info("tpukit: restored %s at step %d", candidate, self.step)
-            self.last_saved_step = self.step
-            return self.step
-        raise CheckpointCorruptError(
-            f"no checkpoint in {os.path.dirname(candidates[0])} could be read: {'; '.join(failures)}. Fix: restore "
-            "the files from a backup, or delete that directory (or pass a new --output_dir) to start over."
-        )
+        return restore_first_readable(self, [path] if path else self.candidates(), _READ_ERRORS)
 
     def _restore_one(self, path: str) -> None:
         if not tf.io.gfile.exists(path + ".index"):
@@ -246,6 +214,50 @@ class Checkpointer:
         if max_overhead is None or self.manager.latest_checkpoint is None:
             return True
         return time.perf_counter() - self.saved_at >= self.save_seconds / max_overhead
+
+
+def restore_first_readable(checkpointer, candidates: list[str], read_errors: tuple) -> int:
+    """Restores the first of `candidates` (newest first) that `checkpointer._restore_one` can read, saying which
+    were skipped and why, and returns its step (0 without candidates). Both engines' checkpointers use it.
+
+    Raises:
+        CheckpointMismatchError: a readable checkpoint does not fit the model.
+        CheckpointCorruptError: no candidate can be read.
+    """
+    if not candidates:
+        return 0
+    failures = []
+    for candidate in candidates:
+        try:
+            checkpointer._restore_one(candidate)
+        except CheckpointMismatchError:
+            raise
+        except read_errors as error:
+            failures.append(
+                f"{candidate} ({type(error).__name__}: {str(error).splitlines()[0][:200]})"
+            )
+            logger.warning(
+                "tpukit: checkpoint %s is incomplete or damaged (%s)%s",
+                candidate,
+                type(error).__name__,
+                "; trying the previous one" if candidate != candidates[-1] else "",
+            )
+            continue
+        if failures:
+            logger.warning(
+                "tpukit: resumed from %s (step %d) because the newer checkpoint(s) could not be read: %s",
+                candidate,
+                checkpointer.step,
+                "; ".join(failures),
+            )
+        else:
+            logger.info("tpukit: restored %s at step %d", candidate, checkpointer.step)
+        checkpointer.last_saved_step = checkpointer.step
+        return checkpointer.step
+    raise CheckpointCorruptError(
+        f"no checkpoint in {os.path.dirname(candidates[0])} could be read: {'; '.join(failures)}. Fix: restore "
+        "the files from a backup, or delete that directory (or pass a new --output_dir) to start over."
+    )
 
 
 def newest_checkpoint_step(checkpoint_dir: str) -> int:
