@@ -75,7 +75,13 @@ def main(config: dict) -> None:
     print(
         "RESULT "
         + json.dumps(
-            {"metrics": metrics, "losses": recorder.losses, "shards": recorder.shards}, default=str
+            {
+                "name": config.get("name"),
+                "metrics": metrics,
+                "losses": recorder.losses,
+                "shards": recorder.shards,
+            },
+            default=str,
         )
     )
 
