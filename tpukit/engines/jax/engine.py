@@ -47,9 +47,7 @@ AXES = ("data", "model")
 
 # Keras-generic pieces shared with the TensorFlow engine.
 dtype_policy = tf_engine.dtype_policy
-_verbose = tf_engine._verbose
 _exact_loss = tf_engine._exact_loss
-_use_averages = tf_engine._use_averages
 
 
 @dataclasses.dataclass
@@ -379,44 +377,9 @@ def build(the_plan: Plan) -> Session:
 
 def train(session: Session, callbacks: list | None = None):
     """Trains from `session.start_step` to the plan's last step with the trainer both engines share."""
-    the_plan, recipe = session.plan, session.plan.recipe
-    if not the_plan.training:
-        _use_averages(session.model)
-        return trainer.Outcome("done", {}, 0)
-    if session.start_step >= the_plan.total_steps:
-        logger.info(
-            "tpukit: all %d epochs are done already (step %d)",
-            recipe.train.epochs,
-            session.start_step,
-        )
-    started = time.time()
-    spec = task.spec_of(session.model)
-    outcome = trainer.fit_with_recovery(
-        session.model,
-        _train_dataset(the_plan, spec),
-        checkpointer=session.checkpointer,
-        steps_per_epoch=the_plan.steps_per_epoch,
-        epochs=recipe.train.epochs,
-        callbacks=_callbacks(session) + list(callbacks or []),
-        checkpoint_every_steps=recipe.runtime.checkpoint_every_steps,
-        checkpoint_max_overhead=recipe.runtime.checkpoint_max_overhead,
-        max_nan_retries=recipe.train.max_nan_retries,
-        validation_data=_eval_dataset(the_plan, spec) if the_plan.evaluating else None,
-        validation_steps=the_plan.eval_steps,
-        validation_freq=recipe.train.eval_every_epochs,
-        verbose=_verbose(recipe.runtime.verbose),
+    return tf_engine.fit_session(
+        session, _train_dataset, _eval_dataset, _callbacks(session) + list(callbacks or [])
     )
-    if outcome.status not in trainer.STOPPED.values():
-        _use_averages(session.model)
-    if session.checkpointer.step > session.start_step:
-        logger.info(
-            "tpukit: trained steps %d..%d in %.1fs (%s)",
-            session.start_step,
-            session.checkpointer.step,
-            time.time() - started,
-            outcome.status,
-        )
-    return outcome
 
 
 class InOrder(keras.callbacks.Callback):
@@ -466,20 +429,7 @@ def _callbacks(session: Session) -> list:
 def evaluate(session: Session, outcome) -> dict[str, float]:
     """One exact pass over the eval split (the last batch completed with zero-weight examples); {} without
     evaluation."""
-    the_plan = session.plan
-    if not the_plan.evaluating or outcome.status in trainer.STOPPED.values():
-        return {}
-    exact_loss = _exact_loss(session.model)
-    results = session.model.evaluate(
-        _eval_dataset(the_plan, task.spec_of(session.model))(),
-        steps=the_plan.eval_steps,
-        return_dict=True,
-        verbose=_verbose(the_plan.recipe.runtime.verbose),
-        callbacks=[callbacks_lib.ExactValidationLoss(exact_loss), InOrder()],
-    )
-    return callbacks_lib.with_aliases(
-        {k: float(v) for k, v in results.items()}, exact_loss=exact_loss
-    )
+    return tf_engine.evaluate_session(session, outcome, _eval_dataset, [InOrder()])
 
 
 def export(session: Session, outcome) -> dict[str, str]:

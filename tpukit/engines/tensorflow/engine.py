@@ -405,7 +405,24 @@ def build(the_plan: Plan) -> Session:
 
 def train(session: Session, callbacks: list | None = None):
     """Trains from `session.start_step` to the plan's last step (see `tpukit.engines.tensorflow.trainer.fit_with_recovery`)."""
+    the_plan, recipe = session.plan, session.plan.recipe
+    own = _callbacks(
+        _exact_loss(session.model),
+        recipe,
+        the_plan.output_dir,
+        session.throughput,
+        the_plan.steps_per_execution,
+        the_plan.io_device is not None,
+        session.checkpointer.state,
+        chief=the_plan.chief,
+    )
+    return fit_session(session, _train_dataset, _eval_dataset, own + list(callbacks or []))
 
+
+def fit_session(session, train_dataset, eval_dataset, callbacks: list):
+    """`trainer.fit_with_recovery` over a session of either engine: `train_dataset(plan, spec)(position)` and
+    `eval_dataset(plan, spec)()` make the engine's pipelines; the moving averages (`train.ema_momentum`) become
+    the weights once training is done."""
     the_plan, recipe = session.plan, session.plan.recipe
     if not the_plan.training:
         _use_averages(session.model)
@@ -417,29 +434,18 @@ def train(session: Session, callbacks: list | None = None):
             session.start_step,
         )
     started = time.time()
+    spec = task.spec_of(session.model)
     outcome = trainer.fit_with_recovery(
         session.model,
-        _train_dataset(the_plan, task.spec_of(session.model)),
+        train_dataset(the_plan, spec),
         checkpointer=session.checkpointer,
         steps_per_epoch=the_plan.steps_per_epoch,
         epochs=recipe.train.epochs,
-        callbacks=_callbacks(
-            _exact_loss(session.model),
-            recipe,
-            the_plan.output_dir,
-            session.throughput,
-            the_plan.steps_per_execution,
-            the_plan.io_device is not None,
-            session.checkpointer.state,
-            chief=the_plan.chief,
-        )
-        + list(callbacks or []),
+        callbacks=callbacks,
         checkpoint_every_steps=recipe.runtime.checkpoint_every_steps,
         checkpoint_max_overhead=recipe.runtime.checkpoint_max_overhead,
         max_nan_retries=recipe.train.max_nan_retries,
-        validation_data=(
-            _eval_dataset(the_plan, task.spec_of(session.model)) if the_plan.evaluating else None
-        ),
+        validation_data=eval_dataset(the_plan, spec) if the_plan.evaluating else None,
         validation_steps=the_plan.eval_steps,
         validation_freq=recipe.train.eval_every_epochs,
         verbose=_verbose(recipe.runtime.verbose),
@@ -469,19 +475,24 @@ def _use_averages(model) -> None:
 def evaluate(session: Session, outcome) -> dict[str, float]:
     """One exact pass over the eval split (the last batch completed with zero-weight examples); {} without
     evaluation."""
+    return evaluate_session(session, outcome, _eval_dataset)
+
+
+def evaluate_session(session, outcome, eval_dataset, callbacks: list = ()) -> dict[str, float]:
+    """`evaluate` for a session of either engine: `eval_dataset(plan, spec)()` makes its pipeline; `callbacks`
+    run beside the one that reports the exact loss."""
     the_plan = session.plan
     if not the_plan.evaluating or outcome.status in trainer.STOPPED.values():
         return {}
 
     exact_loss = _exact_loss(session.model)
     results = session.model.evaluate(
-        _eval_dataset(the_plan, task.spec_of(session.model))(),
+        eval_dataset(the_plan, task.spec_of(session.model))(),
         steps=the_plan.eval_steps,
         return_dict=True,
         verbose=_verbose(the_plan.recipe.runtime.verbose),
-        callbacks=[
-            callbacks_lib.ExactValidationLoss(exact_loss)
-        ],  # the printed `loss` over the real examples
+        # the printed `loss` over the real examples
+        callbacks=[callbacks_lib.ExactValidationLoss(exact_loss), *callbacks],
     )
     # The returned dict too (Keras' CallbackList hands callbacks a copy of the logs).
     return callbacks_lib.with_aliases(
