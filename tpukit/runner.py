@@ -12,10 +12,8 @@ rename).
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import dataclasses
-import gc
 import json
 import logging
 import os
@@ -178,35 +176,6 @@ def _files(engine, output_dir: str):
     return engine.remote_files() if rundir.is_remote(output_dir) else rundir.LocalFiles()
 
 
-FAST_EXIT_ENV = "TPUKIT_FAST_EXIT"
-_exit_registered = False
-
-
-def _skip_the_exit_collection() -> None:
-    """At interpreter exit: `gc.freeze()`, so Python's last cyclic garbage collection skips every object alive.
-
-    That collection walks TensorFlow's and Keras' objects: 1.2-1.3 s on this project's 2-core x86 CPU (an
-    `import tensorflow, keras` process, or a whole training run, plain Keras as tpukit); frozen, the process ends
-    in ~0.1 s. What it costs: finalizers of objects reachable only through reference cycles at exit do not run,
-    e.g. an unclosed file held in a cycle is not flushed (a reviewer's repro: 0 bytes written instead of 46). So
-    it is done only in processes tpukit owns (`tpukit ...`, `python -m tpukit.train`), whose files are written
-    and closed before they exit, and in a user's script only when asked (`TPUKIT_FAST_EXIT=1`)."""
-    gc.freeze()
-
-
-def exit_quickly() -> None:
-    """Registers `_skip_the_exit_collection` (once): for entry points that own the process."""
-    global _exit_registered
-    if not _exit_registered:
-        atexit.register(_skip_the_exit_collection)
-        _exit_registered = True
-
-
-def _exit_quickly_if_asked() -> None:
-    if os.environ.get(FAST_EXIT_ENV, "").strip().lower() in ("1", "on", "true", "yes"):
-        exit_quickly()
-
-
 def run(
     recipe: Recipe,
     output_dir: str,
@@ -243,7 +212,6 @@ def run(
         tpukit.engines.tensorflow.trainer.TrainingDivergedError: the loss stayed non-finite after
             `train.max_nan_retries` rollbacks.
     """
-    _exit_quickly_if_asked()
     phases = logs.Phases()
     with phases.timed("plan"):
         recipe.validate()

@@ -201,13 +201,7 @@ def entry_point(argv: list[str] | None = None) -> None:
 
 
 def _main_then_exit(args) -> None:
-    status = main(args)
-    runner = sys.modules.get(
-        "tpukit.runner"
-    )  # loaded once a run started; nothing heavy imported to ask
-    if runner is not None:
-        runner.exit_quickly()  # this process is tpukit's: skip Python's last garbage collection at exit
-    sys.exit(status)
+    sys.exit(main(args))
 
 
 if __name__ == "__main__":

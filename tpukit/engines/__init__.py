@@ -10,7 +10,9 @@ recipe's `runtime.engine` picks one, and Keras' backend (fixed when Keras is fir
 from __future__ import annotations
 
 import functools
+import gc
 import importlib
+import os
 
 # name -> (the check that runs first, as "module:function", importing nothing heavy itself; the engine module)
 ENGINES = {
@@ -48,7 +50,27 @@ def get(name: str = "tensorflow"):
         raise
     except ImportError as error:
         raise EngineUnavailableError(str(error)) from None
-    return importlib.import_module(engine)
+    module = importlib.import_module(engine)
+    _freeze_the_imports()
+    return module
+
+
+FREEZE_ENV = "TPUKIT_GC_FREEZE"
+
+
+def _freeze_the_imports() -> None:
+    """`gc.freeze()` once the engine's libraries are imported: the cyclic garbage collector skips what is alive now.
+
+    Python's last collection at interpreter exit walks and frees TensorFlow's, Keras' and JAX's import-time objects
+    (modules, API wrappers, protobuf descriptors): 1.0-1.3 s of every such process's exit on this project's 2-core
+    x86 CPU, in plain Keras as in tpukit; frozen, the exit takes ~0.15 s, and the collections during training
+    skip them too. Objects made later (models, graphs, a user's objects) are collected as before, so a user's
+    file left open in a reference cycle is still flushed at exit. What is frozen is never collected as cyclic
+    garbage: objects alive before the engine loaded that end up in an unreachable cycle stay in memory, and a file
+    among them would be left unflushed at exit. `TPUKIT_GC_FREEZE=0` turns it off. The same idea as CPython's
+    documented use of `gc.freeze()` (https://docs.python.org/3/library/gc.html#gc.freeze)."""
+    if os.environ.get(FREEZE_ENV, "").strip().lower() not in ("0", "off", "false", "no"):
+        gc.freeze()
 
 
 def unavailable(name: str = "tensorflow") -> str | None:
