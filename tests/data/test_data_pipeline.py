@@ -195,3 +195,7 @@ def test_pipelines_over_examples_cached_in_memory_run_without_the_autotuning_mod
     assert evaluation.options().autotune.enabled is False
     assert pipeline.eval_batches(examples, 64, 8).options().autotune.enabled is True
     assert len(list(cached.take(8))) == 8  # and it still yields
+    # An epoch (32 examples) plus the shuffle buffer (1) never reaches the end of the 64: the cache never fills, the
+    # source is read every epoch, and the autotuning model stays.
+    unfilled = pipeline.training_batches(examples, 8, steps_per_epoch=4, shuffle_buffer=1)
+    assert unfilled.options().autotune.enabled is True

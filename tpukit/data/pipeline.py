@@ -140,8 +140,9 @@ def options(
         private_threadpool_size: >0 gives this pipeline its own threads (isolates it from the train step's
             host threads); 0 uses TensorFlow's shared pool.
         autotune: tf.data's autotuning model (`autotune.enabled`). Off for examples cached in memory
-            (`IN_MEMORY_AUTOTUNE`): then AUTOTUNE parallelism is the CPU count and `prefetch(AUTOTUNE)` keeps its
-            own buffer autotuner.
+            (`IN_MEMORY_AUTOTUNE`): then each AUTOTUNE stage runs min(16, the thread pool's size) wide (TF's
+            default parallelism without the model), which also holds for a source's decoding before the cache
+            fills (the first epoch), and `prefetch(AUTOTUNE)` keeps its own buffer autotuner.
     """
     result = tf.data.Options()
     result.deterministic = deterministic
@@ -212,6 +213,11 @@ def training_batches(
     )  # per-replica batches this pipeline gives each global step
     cached = maybe_cache(examples, cache, name="training examples")
     in_memory, examples = cached is not examples, cached
+    if in_memory and steps_per_epoch and repeat:
+        # A cache fills only when a pass reaches its end: an epoch plus the shuffle buffer's read-ahead that stops
+        # short reads the source (and its decoding) again every epoch, which keeps the autotuning model.
+        count = int(examples.cardinality())
+        in_memory = count >= 0 and steps_per_epoch * per_step * batch + shuffle_buffer >= count
     if steps_per_epoch and repeat:
         batches = _epochs(
             examples,
