@@ -276,10 +276,34 @@ def test_a_peak_below_a_rate_training_reached_is_timed_again_and_only_rises(tmp_
 
     assert peak(None) == (1e10, True) and peak(0.9e10) == (1e10, True) and timings == []
     assert peak(2e10) == (3e10, False) and timings == [(64, "float32")]
-    assert json.loads(cache.read_text()) == {key: 3e10}
+    assert json.loads(cache.read_text()) == {
+        key: 3e10,
+        f"{key} | first": 1e10,
+        f"{key} | timed again for": 2e10,
+    }
     # A second timing lower than the cache (still under load) never lowers it.
     assert peak(4e10, measure=lambda size, dtype: 2e10) == (3e10, False)
-    assert json.loads(cache.read_text()) == {key: 3e10}
+    assert json.loads(cache.read_text())[key] == 3e10
+    # A model that beats the matmul at 4e10 is not timed again at every run's report.
+    assert peak(4e10, measure=lambda size, dtype: 1 / 0) == (3e10, True)
+    # steps_per_execution: auto decides with the first value timed here, whatever later timings found.
+    assert peak(None) == (1e10, True) and len(timings) == 1
+
+
+def test_a_first_timing_is_what_later_decisions_read(tmp_path):
+    cache = tmp_path / "peak.json"
+    timed = iter([5e10, 9e10])
+
+    def measure(size, dtype):
+        return next(timed)
+
+    assert flops.measured_peak_flops("CPU w", str(cache), 64, measure=measure) == (5e10, False)
+    assert flops.measured_peak_flops("CPU w", str(cache), 64, measure=measure) == (5e10, True)
+    assert flops.measured_peak_flops("CPU w", str(cache), 64, measure=measure, at_least=6e10) == (
+        9e10,
+        False,
+    )
+    assert flops.measured_peak_flops("CPU w", str(cache), 64, measure=measure) == (5e10, True)
 
 
 def test_reported_mfu_is_never_above_one():

@@ -402,28 +402,38 @@ def measured_peak_flops(
         measure: `measure(matrix_size, dtype) -> FLOP/s`; default `measure_matmul_flops` (TensorFlow's default
             device). The jax engine passes a JAX matmul for a GPU (TensorFlow's CPU build sees none).
         at_least: a rate this device has reached (training FLOP/s per device): a cached value below it was
-            timed while other work used the cores, so the matmul is timed again and the higher value kept. The
-            cache only ever rises.
+            timed while other work used the cores, so the matmul is timed again and the higher value kept (the
+            cache only ever rises), once per rate: a model that beats the matmul is not timed again at every run.
 
     Returns:
-        (flops_per_second, from_cache).
+        (flops_per_second, from_cache). Without `at_least` (the call at build time, whose value
+        `steps_per_execution: auto` decides with) it is the first value timed on this machine, whatever later
+        timings found: so that decision never moves between runs. With `at_least` (for MFU): the highest timed.
     """
     path = cache_path or default_cache_path()
     key = f"{device_kind} | {dtype} matmul {matrix_size}x{matrix_size}"
+    first_key, retimed_key = f"{key} | first", f"{key} | timed again for"
     cache = _read_cache(path)
-    cached = cache.get(key)
-    cached = float(cached) if isinstance(cached, (int, float)) and cached > 0 else None
-    if cached is not None and (at_least is None or cached >= at_least):
+    cached, first, retimed_for = (_positive(cache.get(k)) for k in (key, first_key, retimed_key))
+    if cached is not None and at_least is None:
+        return first or cached, True
+    if cached is not None and (cached >= at_least or (retimed_for or 0.0) >= at_least):
         return cached, True
     measured = (measure or (lambda size, kind: measure_matmul_flops(size, dtype=kind)))(
         matrix_size, dtype
     )
     cache = _read_cache(path)  # another process may have written it meanwhile
-    earlier = cache.get(key)
-    earlier = float(earlier) if isinstance(earlier, (int, float)) and earlier > 0 else 0.0
+    earlier = _positive(cache.get(key)) or 0.0
     cache[key] = max(measured, earlier, cached or 0.0)
+    if at_least is not None:  # the value decisions were made with stays what they read
+        cache.setdefault(first_key, earlier or cached or measured)
+        cache[retimed_key] = max(at_least, _positive(cache.get(retimed_key)) or 0.0)
     _write_cache(path, cache)
-    return cache[key], False
+    return (cache[key] if at_least is not None else cache.get(first_key, cache[key])), False
+
+
+def _positive(value) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and value > 0 else None
 
 
 def checked_mfu(
