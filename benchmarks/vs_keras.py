@@ -19,8 +19,8 @@ transformer), three variants, each a whole subprocess:
 * (c) tpukit: `tpukit.fit` (MLP) or `tpukit.run` on the row's recipe with `runtime.steps_per_execution: auto`, and
   every output on (checkpoints, TensorBoard logs, `model.keras` + SavedModel export, `metrics.json`); on the jax
   engine `runtime.engine: jax` with its default mesh (every device on `data`), and its persistent compilation
-  cache in a directory of this benchmark run (`TPUKIT_JAX_COMPILATION_CACHE`): round 1 of each row compiles into
-  an empty cache, as a user's first run on a machine does, later rounds load from it, as a user's later runs do.
+  cache in a directory of this benchmark run and row (`TPUKIT_JAX_COMPILATION_CACHE`): round 1 of each row compiles
+  into an empty cache, as a user's first run on a machine does, later rounds load from it, as a user's later runs do.
   (c)'s wall time of every round is printed.
 
 Runs alternate c a b c a b ... per row (c first: b needs its choices). Steady-state examples/s is measured the same
@@ -330,8 +330,8 @@ def run_variant(
     if settings:
         command += ["--settings", json.dumps(settings)]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", KERAS_BACKEND=engine, CUDA_VISIBLE_DEVICES="")
-    # Empty at this benchmark run's start, whatever earlier runs on the machine compiled (see the docstring).
-    env["TPUKIT_JAX_COMPILATION_CACHE"] = os.path.join(log_dir, "jax_compilation_cache")
+    # Empty at this row's first round, whatever earlier runs on the machine or earlier rows compiled (docstring).
+    env["TPUKIT_JAX_COMPILATION_CACHE"] = os.path.join(log_dir, "jax_compilation_cache", row)
     if engine == "jax":
         env["JAX_PLATFORMS"] = "cpu"  # like CUDA_VISIBLE_DEVICES="" for TensorFlow: the CPU only
     log_path = os.path.join(log_dir, f"{row}-{variant}-{index}.log")
