@@ -19,7 +19,9 @@ What tpukit sets, once per process, before anything is compiled:
 Left as it is: a cache the user configured themselves (`JAX_COMPILATION_CACHE_DIR`, or `jax.config` before
 tpukit runs), and the cache off with `TPUKIT_JAX_COMPILATION_CACHE=0` (or `off`). The cache is keyed by JAX's
 own fingerprint of the computation, the compile options, the devices and the jax/jaxlib versions, so a changed
-model, mesh or install compiles afresh; nothing here changes what is computed.
+model, mesh or install compiles afresh; nothing here changes what is computed. The setting is the process's (JAX
+sets its cache up at the first compile and keeps it): a notebook's own JAX code after a run uses it too, which is
+why it is not put back when a run returns.
 """
 
 from __future__ import annotations
