@@ -33,6 +33,11 @@ E0000 00:00:1758131045.203198 3722035 cuda_dnn.cc:8579] Unable to register cuDNN
 E0000 00:00:1758131045.209828 3722035 cuda_blas.cc:1407] Unable to register cuBLAS factory: Attempting to register factory for plugin cuBLAS when one has already been registered
 W0000 00:00:1758131437.322781 3722519 computation_placer.cc:177] computation placer already registered. Please check linkage and avoid linking the same target more than once.
 """
+# TensorFlow 2.15-2.19's cuInit line, from cuda_driver.cc (2.20 moved it to cuda_platform.cc).
+TF_216_CUINIT = (
+    "2024-03-09 19:14:27.385862: E external/local_xla/xla/stream_executor/cuda/cuda_driver.cc:282] failed call to "
+    "cuInit: CUDA_ERROR_NO_DEVICE: no CUDA-capable device is detected\n"
+)
 # Lines that are not start-up noise: each must reach the user.
 REAL = [
     "W0000 00:00:1795545358.1    7761 gpu_device.cc:2342] Cannot dlopen some GPU libraries.",
@@ -49,6 +54,32 @@ def test_tensorflows_start_up_lines_are_hidden_and_every_other_line_is_kept_in_o
     # Nothing of the start-up alone is kept, whatever the level.
     for level in (0, 1, 2):
         assert quiet.kept_lines(TF_221_START + TF_219_CUDA_START, level=level) == ""
+
+
+def test_an_nvidia_driver_is_found_on_linux_and_on_wsl2(tmp_path):
+    def machine(name, *files):
+        root = tmp_path / name
+        for path in files:
+            (root / path).parent.mkdir(parents=True, exist_ok=True)
+            (root / path).write_text("")
+        return str(root)
+
+    assert not quiet.nvidia_driver_present(machine("bare"))
+    assert quiet.nvidia_driver_present(machine("linux", "proc/driver/nvidia/version"))
+    assert quiet.nvidia_driver_present(machine("linux_dev", "dev/nvidiactl"))
+    # WSL2: no /proc/driver/nvidia; the Windows driver's libcuda is mounted under /usr/lib/wsl/lib.
+    wsl_nvidia = machine("wsl_nvidia", "dev/dxg", "usr/lib/wsl/lib/libcuda.so.1")
+    assert quiet.nvidia_driver_present(wsl_nvidia)
+    assert quiet.nvidia_driver_present(machine("wsl_no_dxg", "usr/lib/wsl/lib/libcuda.so"))
+    # /dev/dxg alone is any vendor's GPU (Intel, AMD): no CUDA to explain.
+    assert not quiet.nvidia_driver_present(
+        machine("wsl_intel", "dev/dxg", "usr/lib/wsl/lib/libd3d12.so")
+    )
+    # So a WSL2 user whose CUDA is broken reads why: the cuInit error is kept.
+    kept = quiet.kept_lines(
+        TF_221_START, 1, cuda_is_noise=not quiet.nvidia_driver_present(wsl_nvidia)
+    )
+    assert [line.split("] ")[1][:22] for line in kept.splitlines()] == ["failed call to cuInit:"]
 
 
 def test_cuda_lines_are_kept_where_an_nvidia_driver_is_installed():
@@ -120,11 +151,45 @@ def test_start_up_captures_fd_2_and_writes_back_only_what_is_kept_in_order():
     assert result.stderr.splitlines() == [REAL[3], REAL[0], "after"]
 
 
-def test_start_up_hides_nothing_when_verbose(capfd, monkeypatch):
-    monkeypatch.setenv("TPUKIT_VERBOSE", "1")
+@pytest.mark.parametrize(
+    "users, shown",
+    [
+        ({}, False),
+        ({"TPUKIT_VERBOSE": "0"}, False),
+        ({"TF_CPP_MIN_LOG_LEVEL": "1"}, False),
+        ({"TPUKIT_VERBOSE": "1"}, True),  # tpukit --verbose
+        ({"TF_CPP_MIN_LOG_LEVEL": "0"}, True),  # the user asked TensorFlow for every line
+    ],
+)
+def test_verbose_shows_the_start_up_lines_the_quiet_start_hides(users, shown, capfd, monkeypatch):
+    for name in ("TPUKIT_VERBOSE", "TF_CPP_MIN_LOG_LEVEL"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in users.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(quiet, "nvidia_driver_present", lambda: False)
     with quiet.start_up():
         os.write(2, TF_221_START.encode())
-    assert capfd.readouterr().err == TF_221_START
+        os.write(2, (REAL[0] + "\n").encode())
+    assert capfd.readouterr().err == (TF_221_START if shown else "") + REAL[0] + "\n"
+
+
+def test_no_temporary_file_means_a_loud_start_and_the_next_one_is_quiet(capfd, monkeypatch):
+    for name in ("TPUKIT_VERBOSE", "TF_CPP_MIN_LOG_LEVEL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(quiet, "nvidia_driver_present", lambda: False)
+
+    def no_space(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as no_temporary_file:
+        no_temporary_file.setattr(quiet.tempfile, "TemporaryFile", no_space)
+        with quiet.start_up():
+            os.write(2, TF_221_START.encode())
+    assert capfd.readouterr().err == TF_221_START  # nothing is lost, nothing is hidden
+    assert not quiet._active
+    with quiet.start_up():  # not taken for a start inside another one
+        os.write(2, TF_221_START.encode())
+    assert capfd.readouterr().err == ""
 
 
 def test_a_process_that_dies_inside_the_quiet_start_still_shows_what_it_wrote():
@@ -146,9 +211,47 @@ def test_a_process_that_dies_inside_the_quiet_start_still_shows_what_it_wrote():
     ]
 
 
+def test_ctrl_c_in_the_quiet_start_prints_no_traceback_of_the_watchdog():
+    # The child leads its own process group, as a shell's foreground job does, and signals that group as a
+    # terminal's Ctrl-C does. No TensorFlow in the child, so the watchdog is running (blocked on its stdin).
+    code = (
+        "import os, signal, sys, time\n"
+        "from tpukit.environment import quiet\n"
+        "try:\n"
+        "    with quiet.start_up():\n"
+        "        time.sleep(1)\n"  # the watchdog's Python is up and waiting
+        "        os.killpg(os.getpgrp(), signal.SIGINT)\n"
+        "        time.sleep(10)\n"
+        "except KeyboardInterrupt:\n"
+        "    print('interrupted', file=sys.stderr)\n"
+        "    sys.exit(130)\n"
+    )
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("TPUKIT_VERBOSE", "TF_CPP_MIN_LOG_LEVEL")
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        start_new_session=True,  # its SIGINT must not reach pytest
+    )
+    assert (result.returncode, result.stderr) == (130, "interrupted\n")
+
+
 @pytest.mark.parametrize("noise", quiet.NOISE, ids=lambda n: n.source or n.text.pattern[:20])
-def test_every_listed_line_says_why_it_is_noise(noise):
-    assert noise.why and noise.text.pattern
+def test_every_listed_line_hides_a_line_tensorflow_printed_and_says_why(noise):
+    assert len({n.why for n in quiet.NOISE}) == len(quiet.NOISE)  # each reason names one entry
+    printed = (TF_221_START + TF_219_CUDA_START + TF_216_CUINIT).splitlines()
+    hidden_by_it = [line for line in printed if quiet.why_hidden(line) == noise.why]
+    assert hidden_by_it, f"no line TensorFlow printed is hidden by {noise}"
+    for line in hidden_by_it:
+        # Where an NVIDIA driver is installed a CUDA line explains an unused GPU: kept; the others never are.
+        assert quiet.hidden(line, cuda_is_noise=False) is not noise.cuda
+    assert quiet.why_hidden(REAL[0]) is None and quiet.why_hidden(REAL[0], level=2) == (
+        "TF_CPP_MIN_LOG_LEVEL=2 hides its severity"
+    )
 
 
 def test_the_notebooks_start_returns_its_engine_and_refuses_a_second_backend():

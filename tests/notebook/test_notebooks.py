@@ -16,6 +16,7 @@ import glob
 import importlib.metadata
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -123,6 +124,55 @@ def test_notebooks_call_library_code_only(name):
                 assert node.name in ALLOWED_DEFINITIONS.get(name, set()), (
                     f"{name}: defines {node.name}()"
                 )
+
+
+# A line of TensorFlow's or XLA's C++ logging (tpukit/environment/quiet.py lists those of the start).
+CPP_LOG_LINE = re.compile(
+    r"^([IWEF]\d{4} \d\d:\d\d:[\d.]+\s+\d+ \S+:\d+\]|\d{4}-\d\d-\d\d [\d:.]+: [IWEF] \S+:\d+\])"
+    r"|absl::InitializeLog"
+)
+
+
+def test_a_fresh_kernel_starts_the_engine_quietly(tmp_path):
+    """The notebooks' engine cell, verbatim, in a fresh kernel with the user's environment (no
+    TF_CPP_MIN_LOG_LEVEL): its output is its own line, and no C++ start-up line. A second cell writes to fd 2 as
+    native code does, so the test would see those lines had they been written."""
+    from nbclient import NotebookClient
+
+    cell = [c.source for c in read("quickstart.ipynb").cells if c.cell_type == "code"][2]
+    assert ENGINE_LINE in cell
+    notebook = nbformat.v4.new_notebook(
+        cells=[
+            nbformat.v4.new_code_cell(cell),
+            nbformat.v4.new_code_cell(
+                "import os\n_ = os.write(2, b'fd 2 reaches the notebook\\n')"
+            ),
+        ]
+    )
+    # ipykernel shows fd 2 in the notebook except under pytest (PYTEST_CURRENT_TEST): a user's kernel does.
+    unset = (
+        "TF_CPP_MIN_LOG_LEVEL",
+        "TPUKIT_VERBOSE",
+        "KERAS_BACKEND",
+        "TF_CONFIG",
+        "PYTEST_CURRENT_TEST",
+    )
+    env = {k: v for k, v in os.environ.items() if k not in unset}
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    client = NotebookClient(
+        notebook,
+        timeout=300,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(tmp_path)}},
+    )
+    client.execute(env=env)
+    engine_cell, fd_cell = (
+        outputs_of(nbformat.v4.new_notebook(cells=[c]))[0] for c in notebook.cells
+    )
+    # The kernel shows what native code writes to fd 2.
+    assert fd_cell == "fd 2 reaches the notebook\n"
+    assert [line for line in engine_cell.splitlines() if CPP_LOG_LINE.search(line)] == []
+    assert engine_cell == "engine: tensorflow\n", engine_cell
 
 
 def _tensorboard_pids() -> set[int]:

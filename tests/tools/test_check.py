@@ -7,6 +7,7 @@ CPU is a proxy; the memory rule is an estimate).
 
 import glob
 import json
+import logging
 import os
 
 import keras
@@ -294,10 +295,32 @@ def test_memory_counts_the_built_optimizer_state():
     assert rule.status == "fail", rule
 
 
-def test_a_good_recipe_passes_every_rule():
-    results = check_lib.check(_digits(**{"data.global_batch_size": 1024}))
+def test_a_good_recipe_passes_every_rule_and_logs_each_line_once():
+    logger = logging.getLogger("tpukit")
+    said = _Said()
+    level = logger.level
+    logger.addHandler(said)
+    logger.setLevel(logging.INFO)
+    try:
+        results = check_lib.check(_digits(**{"data.global_batch_size": 1024}))
+    finally:
+        logger.removeHandler(said)
+        logger.setLevel(level)
     assert [r.name for r in results] == list(check_lib.RULES)
     assert {r.name: r.status for r in results} == dict.fromkeys(check_lib.RULES, "pass")
+    # The pipelines are built under two precisions and the model for two steps: their lines come once each.
+    assert "tpukit: caching training examples in memory (0.4 MB)" in said.lines
+    assert any(line.startswith("tpukit: output 'logits': classification") for line in said.lines)
+    assert len(said.lines) == len(set(said.lines)), said.lines
+
+
+class _Said(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.lines = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
 
 
 # ---- the CLI -------------------------------------------------------------------------------------------------

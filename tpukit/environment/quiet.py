@@ -19,13 +19,16 @@ before absl's logging is initialised, which ignores the variable (tensorflow/ten
 and its devices are listed, then writes back to stderr every captured line except:
 
 - the lines `NOISE` lists (each with where it comes from); the CUDA ones only where no NVIDIA driver is installed
-  (`nvidia_driver_present`): on a GPU machine "failed call to cuInit" is the reason the GPU is not used;
+  (`nvidia_driver_present`, which knows WSL2's too): on a GPU machine "failed call to cuInit" is the reason the GPU
+  is not used;
 - C++ log lines below the `TF_CPP_MIN_LOG_LEVEL` in force (what TensorFlow itself would have hidden had its logging
   been set up): INFO lines by default, since `configure` sets the variable to 1 when the user has not.
 
 Everything else is written back, in order, when the block ends: Python warnings and tracebacks, C++ warnings and
 errors that are not in the list. If the process dies inside the block (TensorFlow aborts on a CPU without the
-instructions it was built for), a watchdog process writes everything captured to the real stderr, unfiltered.
+instructions it was built for), a watchdog process writes everything captured to the real stderr, unfiltered. The
+watchdog runs in its own session, so a Ctrl-C at the terminal reaches tpukit only (which stops as it always does)
+and never makes the watchdog print a traceback of its own.
 
 Nothing is hidden with `TPUKIT_VERBOSE=1` (`tpukit --verbose`), nor when the user set `TF_CPP_MIN_LOG_LEVEL=0`
 (they asked for every C++ line); a `TF_CPP_MIN_LOG_LEVEL` the user set is never changed. The entry points call
@@ -38,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import glob
 import os
 import re
 import subprocess
@@ -146,11 +150,22 @@ NOISE = (
 
 # Files an installed NVIDIA driver provides (Linux).
 NVIDIA_DRIVER_FILES = ("/proc/driver/nvidia/version", "/dev/nvidiactl")
+# WSL2 has neither: its GPU is the paravirtual /dev/dxg (any vendor's: an Intel or AMD GPU has it too), and the
+# Windows NVIDIA driver mounts its CUDA library here (docs.nvidia.com/cuda/wsl-user-guide). The library alone says
+# an NVIDIA driver is installed; a cuInit error then explains an unused GPU (/dev/dxg missing included).
+WSL_CUDA_LIBRARIES = "/usr/lib/wsl/lib/libcuda.so*"
 
 
-def nvidia_driver_present() -> bool:
-    """True where an NVIDIA driver is installed: there a CUDA start-up error is worth reading."""
-    return any(os.path.exists(path) for path in NVIDIA_DRIVER_FILES)
+def nvidia_driver_present(root: str = "/") -> bool:
+    """True where an NVIDIA driver is installed (Linux, or WSL2's from Windows): there a CUDA start-up error is
+    worth reading. `root`: where the file system is (tests)."""
+
+    def under_root(path: str) -> str:
+        return os.path.join(root, path.lstrip("/"))
+
+    return any(os.path.exists(under_root(path)) for path in NVIDIA_DRIVER_FILES) or bool(
+        glob.glob(under_root(WSL_CUDA_LIBRARIES))
+    )
 
 
 def verbose(environ: Mapping[str, str] | None = None) -> bool:
@@ -176,14 +191,23 @@ def _level(environ: Mapping[str, str]) -> int:
         return 0
 
 
-def hidden(line: str, level: int = 0, cuda_is_noise: bool = True) -> bool:
-    """Whether the quiet start hides `line`: a known start-up line (`NOISE`; the CUDA ones only when
-    `cuda_is_noise`), or a C++ log line whose severity is below `level` (a `TF_CPP_MIN_LOG_LEVEL`)."""
+def why_hidden(line: str, level: int = 0, cuda_is_noise: bool = True) -> str | None:
+    """Why the quiet start hides `line`, or None when it keeps it: a known start-up line (`NOISE`, its `why`; the
+    CUDA ones only when `cuda_is_noise`), or a C++ log line whose severity is below `level` (a
+    `TF_CPP_MIN_LOG_LEVEL`)."""
     match = _LOG_LINE.match(line)
     source, text = (match["source"], match["text"]) if match else (None, line)
     if match and SEVERITIES.index(match["absl"] or match["tf"]) < level:
-        return True
-    return any(n.matches(source, text) and (cuda_is_noise or not n.cuda) for n in NOISE)
+        return f"{LEVEL_VARIABLE}={level} hides its severity"
+    for noise in NOISE:
+        if noise.matches(source, text) and (cuda_is_noise or not noise.cuda):
+            return noise.why
+    return None
+
+
+def hidden(line: str, level: int = 0, cuda_is_noise: bool = True) -> bool:
+    """Whether the quiet start hides `line` (`why_hidden` says why)."""
+    return why_hidden(line, level, cuda_is_noise) is not None
 
 
 def kept_lines(text: str, level: int = 0, cuda_is_noise: bool = True) -> str:
@@ -201,8 +225,8 @@ _active = False
 @contextlib.contextmanager
 def start_up() -> Iterator[None]:
     """Captures file descriptor 2 inside the block and writes back to `sys.stderr` what `kept_lines` keeps (see the
-    module docstring). Does nothing when `verbose()`, inside another `start_up()`, or where fd 2 cannot be
-    redirected. Call `configure()` first, before anything imports TensorFlow."""
+    module docstring). Does nothing when `verbose()`, inside another `start_up()`, where fd 2 cannot be
+    redirected or where no temporary file can be made. Call `configure()` first, before anything imports TensorFlow."""
     global _active
     if _active or verbose():
         yield
@@ -212,18 +236,27 @@ def start_up() -> Iterator[None]:
     except OSError:  # no stderr at all (a daemon): nothing to keep quiet
         yield
         return
-    _active = True
-    captured = tempfile.TemporaryFile()
-    watchdog = _watchdog(captured.fileno(), saved) if "tensorflow" not in sys.modules else None
     try:
+        captured = tempfile.TemporaryFile()
+    except OSError:  # no writable temporary directory: a loud start rather than none
+        captured = None
+    if captured is None:
+        os.close(saved)
+        yield
+        return
+    watchdog = None
+    _active = True  # only once the file exists: from here on the finally below resets it
+    try:
+        if "tensorflow" not in sys.modules:  # an import that may abort lies ahead
+            watchdog = _watchdog(captured.fileno(), saved)
         _flush()
         os.dup2(captured.fileno(), 2)
         yield
     finally:
+        _active = False
         _flush()
         os.dup2(saved, 2)
         os.close(saved)
-        _active = False
         _release(watchdog)
         captured.seek(0)
         text = captured.read().decode("utf-8", errors="replace")
@@ -240,14 +273,20 @@ def _flush() -> None:
 
 
 # Run as `python -I -S -c WATCHDOG <fd>`: waits on its stdin; b"done" (the block ended) ends it, an end of file
-# without it (the process died inside the block) makes it copy the captured file to its stderr, the real one.
+# without it (the process died inside the block) makes it copy the captured file to its stderr, the real one. It
+# ignores SIGINT (started in its own session, a terminal's Ctrl-C does not reach it anyway) and prints nothing of
+# its own: no traceback of a watchdog may reach the user, whatever stops it.
 WATCHDOG = (
-    "import os, sys\n"
-    "if os.read(0, 4) != b'done':\n"
-    "    fd, offset = int(sys.argv[1]), 0\n"
-    "    while chunk := os.pread(fd, 1 << 16, offset):\n"
-    "        os.write(2, chunk)\n"
-    "        offset += len(chunk)\n"
+    "import os, signal, sys\n"
+    "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+    "try:\n"
+    "    if os.read(0, 4) != b'done':\n"
+    "        fd, offset = int(sys.argv[1]), 0\n"
+    "        while chunk := os.pread(fd, 1 << 16, offset):\n"
+    "            os.write(2, chunk)\n"
+    "            offset += len(chunk)\n"
+    "except BaseException:\n"
+    "    os._exit(1)\n"
 )
 
 
@@ -263,6 +302,8 @@ def _watchdog(captured: int, stderr: int) -> subprocess.Popen | None:
             stdout=subprocess.DEVNULL,
             stderr=stderr,
             pass_fds=(captured,),
+            # Not in the terminal's foreground process group: Ctrl-C signals tpukit, not its watchdog.
+            start_new_session=True,
         )
     except OSError:
         return None

@@ -46,11 +46,13 @@ Exit status: 0 when no rule fails (warnings allowed), 1 when one fails, 2 for a 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
+import logging
 import math
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from tpukit.engines.tensorflow import compat, flops, keras_private
@@ -944,6 +946,27 @@ def _nbytes(variable) -> int:
     return math.prod(variable.shape) * tf.as_dtype(variable.dtype).size
 
 
+@contextlib.contextmanager
+def _each_line_once() -> Iterator[None]:
+    """tpukit's log lines said once each: the check builds the input pipelines under two precisions (float32 for
+    the XLA step, the TPU's for its own step) and the model once per step, and each build logs the same lines
+    ("caching training examples in memory", the output's task), which a second time say nothing new."""
+    logger = logging.getLogger("tpukit")  # every tpukit module logs to this one logger
+    said: set[str] = set()
+
+    def first_time(record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        new = message not in said
+        said.add(message)
+        return new
+
+    logger.addFilter(first_time)
+    try:
+        yield
+    finally:
+        logger.removeFilter(first_time)
+
+
 def check(
     recipe: Recipe,
     cores: int = 8,
@@ -968,6 +991,12 @@ def check(
             "with one of those."
         )
     target = target_for(recipe, cores, tpu_type, hbm_bytes)
+    with _each_line_once():
+        return _check(recipe, target, wanted)
+
+
+def _check(recipe: Recipe, target: Target, wanted: tuple[str, ...]) -> list[Rule]:
+    """`check` once its arguments are valid: the `wanted` rules for `target`, in the report's order."""
     context = _Context(recipe, target)
     needs_data = set(wanted) & {"static_shapes", "batch", "input_ops", "xla_step", "precision_step"}
     if needs_data:

@@ -201,6 +201,36 @@ def test_the_cli_picks_the_backend_from_the_recipe(tmp_path):
         metrics = json.load(f)
     assert metrics["engine"] == "jax" and metrics["mesh"] == {"data": 2, "model": 1}
     assert "using the Keras 'jax' backend instead of KERAS_BACKEND='tensorflow'" in done.stderr
+    # After that notice (the user's KERAS_BACKEND), tpukit's first line says what it found, before the plan.
+    lines = [line for line in done.stderr.splitlines() if "KERAS_BACKEND" not in line]
+    assert lines[0].startswith(
+        "tpukit: engine jax, 2 replicas on 2 CPU devices (cpu:0, cpu:1), mesh data 2 x model 1 because "
+        "runtime.mesh is {data: auto, model: 1}; JAX "
+    ), done.stderr[:3000]
+    assert lines[1].startswith("tpukit plan: ")
+
+
+def test_the_start_line_names_the_devices_the_mesh_and_the_processes():
+    import jax
+
+    from tpukit.engines.jax import engine as jax_engine
+
+    class Chip:  # what the line reads of a jax.Device
+        platform, device_kind = "tpu", "TPU v4"
+
+        def __init__(self, index):
+            self.index = index
+
+        def __str__(self):
+            return f"TPU_{self.index}"
+
+    chips = [Chip(i) for i in range(16)]
+    mesh = jax_engine.Mesh(data=4, model=4, devices=chips, processes=4)
+    assert jax_engine.describe(mesh, {"data": "auto", "model": 4}) == (
+        "tpukit: engine jax, 4 replicas on 16 TPU v4 devices (TPU_0, TPU_1, TPU_2, TPU_3, ... (16 in all)) in 4 "
+        "processes, mesh data 4 x model 4 because runtime.mesh is {data: auto, model: 4}; "
+        f"JAX {jax.__version__}, Keras {keras.__version__}"
+    )
 
 
 def test_an_engine_does_not_resume_the_other_engines_checkpoints(tmp_path):

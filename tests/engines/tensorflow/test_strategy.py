@@ -6,6 +6,7 @@ import fnmatch
 import json
 from unittest import mock
 
+import keras
 import pytest
 import tensorflow as tf
 
@@ -146,11 +147,12 @@ def test_connect_on_this_cpu_returns_the_real_default_strategy(monkeypatch):
     assert strategy is tf.distribute.get_strategy()
     assert strategy.num_replicas_in_sync == 1
     line = [call.args[0] for call in log_info.call_args_list]
-    assert len(line) == 1  # one line says what was chosen and why
-    assert (
-        "default" in line[0] and "1 replica(s)" in line[0] and "no TPU, GPU or TF_CONFIG" in line[0]
-    )
-    assert f"TensorFlow {tf.__version__}" in line[0]
+    # One line says, in plain words, what was found and why; the class name stays for those who know it.
+    assert line == [
+        "tpukit: engine tensorflow, 1 replica on 1 CPU (/device:CPU:0), default strategy "
+        "(_DefaultDistributionStrategy) because no TPU, GPU or TF_CONFIG cluster found: CPU; "
+        f"TensorFlow {tf.__version__}, Keras {keras.__version__}"
+    ]
 
 
 @pytest.fixture
@@ -384,9 +386,26 @@ def test_gpu_and_multi_worker_choices_build_the_right_strategy_classes():
 
 
 def test_describe_a_two_replica_strategy(strategy_2):
-    line = strategy_lib.describe(strategy_2, "test reason")
-    assert "MirroredStrategy (mirrored) with 2 replica(s)" in line
-    assert "CPU:0" in line and "CPU:1" in line and "because test reason" in line
+    assert strategy_lib.describe(strategy_2, "test reason") == (
+        "tpukit: engine tensorflow, 2 replicas on 2 CPUs (/device:CPU:0, /device:CPU:1), mirrored strategy "
+        f"(MirroredStrategy) because test reason; TensorFlow {tf.__version__}, Keras {keras.__version__}"
+    )
+
+
+def test_the_start_line_counts_devices_by_type_and_names_the_first_four():
+    tpu = [f"/job:worker/replica:0/task:0/device:TPU:{i}" for i in range(8)]
+    assert strategy_lib.devices_in_words(tpu) == (
+        "8 TPU cores (/job:worker/replica:0/task:0/device:TPU:0, /job:worker/replica:0/task:0/device:TPU:1, "
+        "/job:worker/replica:0/task:0/device:TPU:2, /job:worker/replica:0/task:0/device:TPU:3, ... (8 in all))"
+    )
+    assert strategy_lib.devices_in_words(["/job:localhost/replica:0/task:0/device:GPU:0"]) == (
+        "1 GPU (/device:GPU:0)"
+    )
+    assert [strategy_lib.plural(n, "replica") for n in (0, 1, 2)] == [
+        "0 replicas",
+        "1 replica",
+        "2 replicas",
+    ]
 
 
 @pytest.mark.parametrize(

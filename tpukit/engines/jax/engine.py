@@ -36,6 +36,7 @@ from tpukit.engines.tensorflow import callbacks as callbacks_lib
 from tpukit.engines.tensorflow import engine as tf_engine
 from tpukit.engines.tensorflow import flops, trainer
 from tpukit.engines.tensorflow.checkpoint import CheckpointCorruptError, CheckpointMismatchError
+from tpukit.engines.tensorflow.strategy import plural
 from tpukit.models.layouts import DEFAULT_LAYOUTS
 from tpukit.planner import CheckpointFacts, Hardware, Plan
 from tpukit.planner.layouts import Layouts
@@ -140,6 +141,7 @@ def hardware(recipe: Recipe, strategy, output_dir: str) -> Hardware:
             jax.process_count(),
             jax.process_index(),
         )
+        logger.info("%s", describe(strategy, requested))
     worker = f"worker{strategy.process_index}" if strategy.process_index else None
     device = strategy.devices[0]
     capability = getattr(device, "compute_capability", None)
@@ -154,6 +156,33 @@ def hardware(recipe: Recipe, strategy, output_dir: str) -> Hardware:
         else None,
         handle=strategy,
         mesh=strategy.sizes,
+    )
+
+
+def describe(mesh: Mesh, requested: dict | None = None) -> str:
+    """tpukit's first line on this engine (the TensorFlow engine's is `strategy.describe`): the engine, the replicas
+    (the mesh's data axis), the devices in plain words, the mesh and what asked for it, the JAX and Keras versions:
+
+        tpukit: engine jax, 2 replicas on 2 CPU devices (cpu:0, cpu:1), mesh data 2 x model 1 because
+        runtime.mesh is {data: auto, model: 1}; JAX 0.10.2, Keras 3.15.1
+    """
+    kinds: dict[str, int] = {}
+    for device in mesh.devices:
+        # A device_kind reads "TPU v4" or "NVIDIA H100 80GB HBM3"; a CPU's is "cpu".
+        kind = "CPU" if device.platform == "cpu" else device.device_kind
+        kinds[kind] = kinds.get(kind, 0) + 1
+    names = [str(device) for device in mesh.devices]
+    shown = ", ".join(names[:4]) + (f", ... ({len(names)} in all)" if len(names) > 4 else "")
+    on = " and ".join(plural(n, f"{kind} device") for kind, n in kinds.items())
+    processes = f" in {mesh.processes} processes" if mesh.processes > 1 else ""
+    asked = (
+        f" because runtime.mesh is {{data: {requested['data']}, model: {requested['model']}}}"
+        if requested
+        else ""
+    )
+    return (
+        f"tpukit: engine jax, {plural(mesh.data, 'replica')} on {on} ({shown}){processes}, mesh data "
+        f"{mesh.data} x model {mesh.model}{asked}; JAX {jax.__version__}, Keras {keras.__version__}"
     )
 
 

@@ -660,8 +660,47 @@ def worker_subdir(strategy) -> str | None:
     return None if chief else f"{resolver.task_type}{resolver.task_id}"
 
 
+# The start line's words for a strategy kind (`kind_of`), and for a TensorFlow device type.
+STRATEGY_WORDS = {
+    "tpu": "TPU strategy",
+    "multi_worker": "multi-worker mirrored strategy",
+    "mirrored": "mirrored strategy",
+    "one_device": "one-device strategy",
+    "default": "default strategy",
+}
+DEVICE_WORDS = {"CPU": "CPU", "GPU": "GPU", "TPU": "TPU core"}
+_LOCAL = "/job:localhost/replica:0/task:0"  # the prefix of every device name of a single-process strategy
+
+
+def plural(count: int, word: str) -> str:
+    """`1 replica`, `2 replicas`: the start line is read by people new to distributed training."""
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+def devices_in_words(names: list[str]) -> str:
+    """`1 CPU (/device:CPU:0)`, `8 TPU cores (/job:worker/replica:0/task:0/device:TPU:0, ... (8 in all))`: how
+    many devices of each type, then their names (the first four)."""
+    if not names:
+        return "no devices"
+    counts: dict[str, int] = {}
+    for name in names:
+        kind = name.rsplit("device:", 1)[-1].split(":")[0].upper()
+        counts[kind] = counts.get(kind, 0) + 1
+    kinds = " and ".join(
+        plural(n, DEVICE_WORDS.get(kind, f"{kind} device")) for kind, n in counts.items()
+    )
+    short = [name.removeprefix(_LOCAL) for name in names]
+    shown = ", ".join(short[:4]) + (f", ... ({len(short)} in all)" if len(short) > 4 else "")
+    return f"{kinds} ({shown})"
+
+
 def describe(strategy, reason: str = "") -> str:
-    """One line: the strategy class, replicas, devices, why it was chosen, and the TF/Keras versions."""
+    """tpukit's first line: the engine, the replicas and the devices in plain words, the strategy (and its class,
+    for those who know tf.distribute), why it was chosen, and the TensorFlow and Keras versions. On this CPU:
+
+        tpukit: engine tensorflow, 1 replica on 1 CPU (/device:CPU:0), default strategy (_DefaultDistributionStrategy)
+        because no TPU, GPU or TF_CONFIG cluster found: CPU; TensorFlow 2.21.0, Keras 3.15.1
+    """
     import keras
     import tensorflow as tf
 
@@ -670,11 +709,15 @@ def describe(strategy, reason: str = "") -> str:
     except RuntimeError:
         # The default strategy has no worker_devices: it runs on the first local device.
         devices = [d.name for d in tf.config.list_logical_devices()[:1]]
-    shown = ", ".join(devices[:4]) + (f", ... ({len(devices)} in all)" if len(devices) > 4 else "")
+    kind = kind_of(strategy)
+    where = devices_in_words(devices)
+    if kind == "multi_worker":
+        where += " on this worker"  # worker_devices are this worker's; the replicas, the cluster's
     why = f" because {reason}" if reason else ""
     return (
-        f"tpukit: using {type(strategy).__name__} ({kind_of(strategy)}) with {strategy.num_replicas_in_sync} "
-        f"replica(s) on [{shown}]{why}; TensorFlow {tf.__version__}, Keras {keras.__version__}"
+        f"tpukit: engine tensorflow, {plural(strategy.num_replicas_in_sync, 'replica')} on {where}, "
+        f"{STRATEGY_WORDS[kind]} ({type(strategy).__name__}){why}; TensorFlow {tf.__version__}, "
+        f"Keras {keras.__version__}"
     )
 
 
