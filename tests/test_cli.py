@@ -3,13 +3,16 @@ in subprocesses where the proof needs a fresh process (what the terminal shows f
 written), `tpukit.cli.main` in this process where a subprocess would only add TensorFlow's start-up (the manual
 pages, bad input). About 25 s: four subprocesses import TensorFlow, one trains digits_cnn for one epoch."""
 
+import argparse
 import json
 import os
 import re
 import subprocess
 import sys
+import tempfile
 
 import pytest
+import tensorflow as tf
 import tensorflow_datasets as tfds
 from helpers import RECIPES, REPO
 
@@ -71,7 +74,8 @@ def test_the_installed_script_trains_and_tpukits_line_comes_first_with_no_cpp_st
     assert result.returncode == 0, result.stderr[-3000:]
     first = result.stderr.splitlines()[0]
     assert first.startswith(
-        "tpukit: using _DefaultDistributionStrategy (default) with 1 replica(s) on "
+        "tpukit: engine tensorflow, 1 replica on 1 CPU (/device:CPU:0), default strategy "
+        "(_DefaultDistributionStrategy) because "
     )
     assert "TensorFlow" in first and "Keras" in first  # what it found, and with what
     assert cpp_lines(result.stderr) == []
@@ -149,9 +153,15 @@ def test_show_cifar10_resnet_with_a_global_batch_of_256_plans_on_the_data_it_fin
     assert os.listdir(in_tmp) == []
 
 
-def test_show_plans_with_the_published_split_sizes_when_the_data_is_not_here(in_tmp, capsys):
+def test_show_plans_with_the_published_split_sizes_when_the_data_is_not_here_and_leaves_tmpdir_as_it_was(
+    in_tmp, capsys, monkeypatch, tmp_path_factory
+):
     """Offline and not downloaded (this machine, CI): the plan counts the TFDS catalogue's split sizes, says so,
-    prints the connection line once, downloads nothing and writes nothing."""
+    prints the connection line once, downloads nothing and writes nothing, not even the empty `tmp*tfds`
+    directories TFDS makes for the info of a dataset that is not prepared."""
+    temporary = tmp_path_factory.mktemp("TMPDIR")
+    (temporary / "someone_elses").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))  # what TMPDIR sets
     data_dir = in_tmp / "tensorflow_datasets"
     status = cli.main(
         [
@@ -171,9 +181,80 @@ def test_show_plans_with_the_published_split_sizes_when_the_data_is_not_here(in_
     )
     assert "tpukit plan: 195 steps per epoch over 50000 examples" in captured.out
     assert "40 eval steps over 10000 examples" in captured.out
-    assert captured.err.count("tpukit: using ") == 1, captured.err
+    assert captured.err.count("tpukit: engine tensorflow, ") == 1, captured.err
     assert "TensorInfo.dtype" not in captured.err and "Traceback" not in captured.err
     assert not data_dir.exists() and os.listdir(in_tmp) == []
+    assert os.listdir(temporary) == ["someone_elses"] and tempfile.tempdir == str(temporary)
+
+
+def test_show_plans_movielens_with_its_published_rating_count_and_downloads_nothing(
+    in_tmp, capsys, monkeypatch
+):
+    """The `movielens` source has a `download` switch that show turns off: TFDS is never asked to download (a
+    download attempt is recorded and fails here), and the plan counts the published 100,000 ratings split by
+    test_fraction, saying so."""
+    attempts = []
+
+    def no_download(builder, *args, **kwargs):
+        attempts.append(builder.name)
+        raise RuntimeError("tpukit show tried to download")
+
+    monkeypatch.setattr(tfds.core.DatasetBuilder, "download_and_prepare", no_download)
+    data_dir = in_tmp / "tensorflow_datasets"
+    status = cli.main(["show", "movielens_100k_dcn", f"--set=data.data_dir={data_dir}"])
+    captured = capsys.readouterr()
+    assert status == 0, captured.err
+    assert attempts == []
+    assert "\n  variant: 100k-ratings\n" in captured.out
+    assert (
+        "tpukit show: 'movielens/100k-ratings' is not downloaded here, so this plan counts the split sizes the "
+        "TFDS catalogue publishes (train ~80,000, test ~20,000: test_fraction of its 100,000 ratings; the exact "
+        "split, by a hash of user and movie, needs the data)" in captured.out
+    )
+    assert "tpukit plan: 78 steps per epoch over 80000 examples" in captured.out
+    assert "20 eval steps over 20000 examples" in captured.out
+    assert (
+        "nothing was written. To train: tpukit train movielens_100k_dcn --set=data.data_dir="
+        in captured.out
+    )
+    assert "Traceback" not in captured.err
+    assert not data_dir.exists() and os.listdir(in_tmp) == []
+
+
+def test_show_prints_a_recipe_with_a_placeholder_and_names_the_key_the_value_and_the_fix(
+    in_tmp, capsys
+):
+    assert cli.main(["show", "imagenet_resnet50"]) == 2
+    captured = capsys.readouterr()
+    assert (
+        "\n  file_pattern: gs://YOUR_BUCKET/imagenet/{split}-*\n" in captured.out
+    )  # the recipe, shown
+    assert captured.err.splitlines()[-1].endswith(
+        "imagenet_resnet50.yaml: data.file_pattern='gs://YOUR_BUCKET/imagenet/{split}-*' is the recipe's "
+        "placeholder (YOUR_BUCKET), not your data. Fix: add --set "
+        "'data.file_pattern=gs://your-bucket/imagenet/{split}-*' with your own bucket."
+    )
+    assert captured.err.startswith("tpukit: error: ") and "Traceback" not in captured.err
+
+
+def test_show_reports_data_it_cannot_read_with_the_key_and_the_fix(in_tmp, capsys, monkeypatch):
+    glob = tf.io.gfile.glob
+
+    def denied(pattern):
+        if pattern.startswith("gs://my-bucket/"):
+            raise tf.errors.PermissionDeniedError(None, None, f"403 when reading {pattern}")
+        return glob(pattern)
+
+    monkeypatch.setattr(tf.io.gfile, "glob", denied)
+    pattern = "gs://my-bucket/imagenet/{split}-*"
+    assert cli.main(["show", "imagenet_resnet50", "--set", f"data.file_pattern={pattern}"]) == 1
+    err = capsys.readouterr().err
+    assert "tpukit: error: PermissionDeniedError: 403 when reading gs://my-bucket/imagenet/" in err
+    assert (
+        f"tpukit: the plan could not read a path it needs (the data: data.file_pattern={pattern!r}; the run "
+        "directory 'runs/imagenet_resnet50'). Fix: check that the path in the error exists" in err
+    )
+    assert "Traceback" not in err
 
 
 def test_show_downloads_nothing_and_says_so_for_data_without_published_sizes(in_tmp, capsys):
@@ -209,8 +290,13 @@ def test_recipes_lists_every_shipped_recipe_from_its_own_file():
         and "98.6-99.4%" in digits["measured"]
     )
     assert entries["cifar10_resnet"]["data"] == "tfds cifar10"
-    assert entries["imagenet_resnet50"]["command"].startswith(
+    imagenet = entries["imagenet_resnet50"]
+    assert imagenet["command"].startswith(
         "tpukit train imagenet_resnet50 --tpu=my-tpu --set data.file_pattern="
+    )
+    # The quick try keeps what the command needs (the TPU, your bucket): it runs as the header documents it.
+    assert imagenet["smoke_test"] == (
+        f"{imagenet['command']} --set train.epochs=1 --set train.steps_per_epoch=2 --set data.global_batch_size=8"
     )
     for entry in entries.values():
         assert entry["trains"] and entry["data"] and entry["command"].startswith("tpukit train ")
@@ -260,6 +346,15 @@ def test_help_at_every_level_is_a_manual_page_with_the_commands_own_options(
         assert cli.main(["help", command]) == 0 and capsys.readouterr().out == page
 
 
+def test_python_m_tpukit_train_help_is_the_train_manual_page_and_exits_0():
+    result = run(
+        sys.executable, "-m", "tpukit.train", "--help"
+    )  # absl's own: a dump of its flags, exit 1
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == cli.manual("train") + "\n"
+    assert result.stdout.startswith("NAME\n    tpukit train - ") and result.stderr == ""
+
+
 def test_the_script_and_python_m_tpukit_print_the_same_manual():
     by_script, by_module = run(SCRIPT, "smoke", "--help"), tpukit("smoke", "--help")
     assert by_script.returncode == by_module.returncode == 0
@@ -292,6 +387,20 @@ def test_version_and_verbose(capsys, monkeypatch):
         ),
         (["show", "digits_cnn", "--set", "train.epoch=3"], "unknown key train.epoch (received 3)"),
         (["check", "nope"], "recipe 'nope' not found"),
+        # argparse's usage errors, which name no fix of their own
+        (
+            ["show"],
+            "tpukit show: the following arguments are required: recipe. Fix: see `tpukit show --help`",
+        ),
+        (
+            ["show", "digits_cnn", "--mode", "bogus"],
+            "argument --mode: invalid choice: 'bogus' (choose from 'train_and_eval', 'train', 'eval')",
+        ),
+        (["recipes", "--bogus"], "tpukit recipes: unrecognized arguments: --bogus"),
+        (
+            ["check", "digits_cnn", "--cores", "x"],
+            "tpukit check: argument --cores: invalid int value: 'x'. Fix: see `tpukit check --help`",
+        ),
     ],
 )
 def test_bad_input_is_one_message_with_the_value_and_the_fix_and_exit_2(args, expected, capsys):
@@ -299,7 +408,10 @@ def test_bad_input_is_one_message_with_the_value_and_the_fix_and_exit_2(args, ex
     err = capsys.readouterr().err
     message = err.strip().splitlines()[-1]
     assert message.startswith("tpukit: error: ") and expected in message and "Fix:" in message
-    assert "Traceback" not in err
+    assert "Traceback" not in err and "usage:" not in err
+    assert (
+        argparse.ArgumentParser.error.__module__ == "argparse"
+    )  # the tools' parsers are theirs again
 
 
 def test_train_refuses_an_unknown_recipe_before_tensorflow_loads():
@@ -313,3 +425,8 @@ def test_train_refuses_an_unknown_recipe_before_tensorflow_loads():
     assert "Traceback" not in result.stderr
     flag = run(SCRIPT, "train", "digits_cnn", "--epochs=3")
     assert flag.returncode == 2 and "Fix: see `tpukit train --help`" in flag.stderr
+    missing = run(SCRIPT, "train")
+    assert missing.returncode == 2 and missing.stderr.splitlines()[-1] == (
+        "tpukit: error: one RECIPE expected, none given. Fix: name one recipe file or shipped recipe, e.g. "
+        "`tpukit train digits_cnn`; see `tpukit train --help`."
+    )

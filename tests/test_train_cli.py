@@ -52,7 +52,7 @@ def test_one_epoch_trains_evaluates_and_writes_every_output(trained):
         assert os.path.isfile(os.path.join(output_dir, path)), path
     assert glob.glob(os.path.join(output_dir, "logs", "train", "events.out.tfevents.*"))
     # what the user reads: the chosen strategy, the batch split, a progress bar, the accuracy and the speed
-    assert "tpukit: using _DefaultDistributionStrategy" in result.stderr
+    assert "tpukit: engine tensorflow, 1 replica on 1 CPU" in result.stderr
     assert "global batch 32 = 1 replica(s) x 32 per replica" in result.stderr
     assert "44/44" in result.stdout
     assert (
@@ -143,3 +143,15 @@ def test_rerunning_a_finished_run_keeps_its_training_measurements(trained):
     assert (
         metrics["examples_per_second"] > 0 and metrics["train"]["loss"] > 0
     )  # from the first, training run
+
+
+def test_a_shipped_recipes_placeholder_exits_2_with_the_key_and_the_fix_before_connecting(tmp_path):
+    result = train_in_process("imagenet_resnet50", "--output_dir", str(tmp_path / "out"))
+    assert result.returncode == 2
+    assert (
+        "data.file_pattern='gs://YOUR_BUCKET/imagenet/{split}-*' is the recipe's placeholder (YOUR_BUCKET)"
+        in result.stderr
+    )
+    assert "Fix: add --set 'data.file_pattern=gs://your-bucket/imagenet/{split}-*'" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not os.path.exists(tmp_path / "out")

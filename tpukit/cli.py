@@ -23,9 +23,12 @@ import json
 import logging
 import os
 import shlex
+import shutil
 import sys
+import tempfile
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import NoReturn
 
 from tpukit import __version__
 from tpukit.environment import quiet
@@ -62,9 +65,33 @@ def _tool(name: str) -> Callable[[list[str]], int]:
         import importlib
 
         tool = importlib.import_module(f"tpukit.tools.{name}")
-        return _exit_status(lambda: tool.main(args, prog=f"tpukit {name}"))
+        with _usage_errors_with_fix():
+            return _exit_status(lambda: tool.main(args, prog=f"tpukit {name}"))
 
     return run
+
+
+def _usage_error_with_fix(parser: argparse.ArgumentParser, message: str) -> NoReturn:
+    """argparse's usage error (a missing argument, a bad value) as every tpukit usage error: one line that ends with
+    the fix, exit 2. argparse's own prints the usage and the error, and no fix."""
+    parser.exit(
+        EXIT_USAGE, f"tpukit: error: {parser.prog}: {message}. Fix: see `{parser.prog} --help`.\n"
+    )
+
+
+class _Parser(argparse.ArgumentParser):
+    error = _usage_error_with_fix
+
+
+@contextlib.contextmanager
+def _usage_errors_with_fix() -> Iterator[None]:
+    """The tools' own argparse parsers (tpukit.tools) report usage errors as `_Parser` does, while they run."""
+    error = argparse.ArgumentParser.error
+    argparse.ArgumentParser.error = _usage_error_with_fix
+    try:
+        yield
+    finally:
+        argparse.ArgumentParser.error = error
 
 
 def _exit_status(function: Callable[[], int | None]) -> int:
@@ -128,7 +155,7 @@ def _tool_options(name: str) -> Callable[[], str]:
 
 
 def _recipes_parser(prog: str = "tpukit recipes") -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, description="The recipes shipped with tpukit.")
+    parser = _Parser(prog=prog, description="The recipes shipped with tpukit.")
     parser.add_argument("--json", action="store_true", help="one JSON list, for machines")
     return parser
 
@@ -177,9 +204,7 @@ def recipes_main(argv: list[str], prog: str = "tpukit recipes") -> int:
 
 
 def _show_parser(prog: str = "tpukit show") -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=prog, description="The resolved recipe and its plan on this machine."
-    )
+    parser = _Parser(prog=prog, description="The resolved recipe and its plan on this machine.")
     parser.add_argument("recipe", help="a recipe YAML file or the name of a shipped recipe")
     parser.add_argument(
         "--set",
@@ -209,7 +234,7 @@ def show_main(argv: list[str], prog: str = "tpukit show") -> int:
     """Prints the resolved recipe and the plan `tpukit train` would make with the same arguments; writes nothing."""
     from tpukit.environment.backend import use_engine
     from tpukit.recipe import RecipeError, load_recipe, raw_recipe, recipe_text
-    from tpukit.recipe.catalogue import recipe_name
+    from tpukit.recipe.catalogue import placeholder_error, recipe_name
     from tpukit.recipe.loading import requested_engine
     from tpukit.tools import start_tool
 
@@ -233,14 +258,34 @@ def show_main(argv: list[str], prog: str = "tpukit show") -> int:
         print(f"tpukit: error: {problem}", file=sys.stderr)
         return 1
     print(recipe_text(recipe))
+    placeholder = placeholder_error(recipe)
+    if placeholder:  # the recipe is shown; its plan needs the data
+        print(f"tpukit: error: {placeholder}", file=sys.stderr)
+        return EXIT_USAGE
     output_dir = args.output_dir or os.path.join("runs", recipe_name(recipe.path))
     accepted = [k for k in args.accept_changes.split(",") if k]
-    status, text = _plan_text(recipe, args.mode, output_dir, args.checkpoint, accepted)
+    with _own_temporary_directory():
+        status, text = _plan_text(recipe, args.mode, output_dir, args.checkpoint, accepted)
     print(text, file=sys.stdout if status == 0 else sys.stderr)
     if status == 0:
         command = shlex.join(["tpukit", "train", *argv])
         print(f"tpukit show: nothing was written. To train: {command}")
     return status
+
+
+@contextlib.contextmanager
+def _own_temporary_directory() -> Iterator[None]:
+    """Python's temporary files and directories in one of show's own, removed after, so that show leaves nothing:
+    TFDS makes a `tmp*tfds` directory each time it reads the info of a dataset that is not prepared here, and keeps
+    it (`DatasetInfo.initialize_from_bucket`, tensorflow_datasets/core/dataset_info.py)."""
+    saved = tempfile.tempdir
+    own = tempfile.mkdtemp(prefix="tpukit-show-")
+    tempfile.tempdir = own
+    try:
+        yield
+    finally:
+        tempfile.tempdir = saved
+        shutil.rmtree(own, ignore_errors=True)
 
 
 def _plan_text(recipe, mode, output_dir, checkpoint, accepted) -> tuple[int, str]:
@@ -279,16 +324,31 @@ def _plan_text(recipe, mode, output_dir, checkpoint, accepted) -> tuple[int, str
             "(it downloads the data first), or `--set data.data_dir=...` where it is prepared."
         )
     except Exception as error:  # noqa: BLE001 - known environment errors get cause and fix, as in train
-        explanation = diagnose.explain(error)
+        explanation = diagnose.explain(error) or _unreadable_path(error, recipe, output_dir)
         if explanation is None:
             raise
-        return (
-            1,
-            f"tpukit: error: {type(error).__name__}: {str(error)[:300]}\ntpukit: {explanation}",
-        )
+        first = " ".join(str(error).split())[:300]
+        return 1, f"tpukit: error: {type(error).__name__}: {first}\ntpukit: {explanation}"
     finally:
         logging.getLogger("tpukit").removeHandler(said)
     return 0, the_plan.describe()
+
+
+def _unreadable_path(error: Exception, recipe, output_dir: str) -> str | None:
+    """Cause and fix for a TensorFlow file error while the plan reads what it needs (a gs:// path with no network or
+    no access), else None. The error's own text names the path."""
+    import tensorflow as tf
+
+    if not isinstance(error, tf.errors.OpError):
+        return None
+    options = recipe.data.options.items()
+    data = ", ".join(f"data.{k}={v!r}" for k, v in options if isinstance(v, str) and "/" in v)
+    return (
+        f"the plan could not read a path it needs (the data{': ' + data if data else ''}; the run directory "
+        f"{output_dir!r}). Fix: check that the path in the error exists and this machine can read it (gs://: the "
+        "network and your credentials, e.g. `gcloud storage ls PATH`), or --set the key (or --output_dir) to one "
+        "that does."
+    )
 
 
 def _planned(recipe, mode, output_dir, checkpoint, accepted, switched):
@@ -333,27 +393,22 @@ class _Said(logging.Handler):
 
 
 def _plan_with_published_sizes(recipe, mode, output_dir, checkpoint, accepted, switched):
-    """(0, a plan) for a TFDS dataset that is not downloaded here but whose split sizes the catalogue publishes
-    (`tpukit.data.tfds.PUBLISHED_SPLIT_SIZES`), the first line saying so; None for any other dataset or split.
+    """(0, a plan) for data that is not downloaded here but whose split sizes its catalogue publishes (a TFDS dataset
+    in `tpukit.data.tfds.PUBLISHED_SPLIT_SIZES`, `movielens`), the first line saying so; None for any other.
 
     The counts are the catalogue's; the label checks run on examples TFDS generates from the dataset's feature spec
     (`tfds.testing.mock_data`), so the task and the shapes are the real ones and nothing is read or written."""
     import tensorflow_datasets as tfds
 
     from tpukit import data
-    from tpukit.data import tfds as tfds_source
 
     config = recipe.data
-    name = config.options.get("name", "")
+    published = _published_sizes(config)
     splits = [config.train_split] + ([config.eval_split] if config.eval_split else [])
-    if config.source != "tfds" or any(
-        tfds_source.published_split_size(name, split) is None for split in splits
-    ):
+    if published is None or any(published.size(s, **config.options) is None for s in splits):
         return None
-    counted = data.EXAMPLE_COUNTS["tfds"]
-    data.EXAMPLE_COUNTS["tfds"] = lambda split, name=name, **_: tfds_source.published_split_size(
-        name, split
-    )
+    counted = data.EXAMPLE_COUNTS.get(config.source)
+    data.EXAMPLE_COUNTS[config.source] = published.size
     absl_logger = logging.getLogger("absl")
     level = absl_logger.level
     # TFDS' mock warns once per feature that `TensorInfo.dtype` is deprecated: its own internals, not the user's.
@@ -362,19 +417,51 @@ def _plan_with_published_sizes(recipe, mode, output_dir, checkpoint, accepted, s
         with tfds.testing.mock_data(num_examples=64):
             the_plan = _planned(recipe, mode, output_dir, checkpoint, accepted, switched)
     finally:
-        data.EXAMPLE_COUNTS["tfds"] = counted
+        if counted is None:
+            del data.EXAMPLE_COUNTS[config.source]
+        else:
+            data.EXAMPLE_COUNTS[config.source] = counted
         absl_logger.setLevel(level)
-    sizes = ", ".join(f"{s} {tfds_source.published_split_size(name, s):,}" for s in splits)
+    about = "~" if published.note else ""
+    sizes = ", ".join(f"{s} {about}{published.size(s, **config.options):,}" for s in splits)
     return 0, (
-        f"tpukit show: {name!r} is not downloaded here, so this plan counts the split sizes the TFDS catalogue "
-        f"publishes ({sizes}) and checks the labels on examples generated from its feature spec; `tpukit train` "
-        "downloads the data and counts it.\n" + the_plan.describe()
+        f"tpukit show: {published.name!r} is not downloaded here, so this plan counts the split sizes the TFDS "
+        f"catalogue publishes ({sizes}{published.note}) and checks the labels on examples generated from its "
+        "feature spec; `tpukit train` downloads the data and counts it.\n" + the_plan.describe()
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class _Published:
+    """A dataset's split sizes from what its catalogue publishes: `size(split, **source options)`, None where not
+    known; `note` says why they are approximate ("" where exact)."""
+
+    name: str
+    size: Callable[..., int | None]
+    note: str = ""
+
+
+def _published_sizes(config) -> _Published | None:
+    from tpukit.data import movielens
+    from tpukit.data import tfds as tfds_source
+
+    if config.source == "tfds":
+        name = config.options.get("name", "")
+        return _Published(name, lambda split, **_: tfds_source.published_split_size(name, split))
+    if config.source == "movielens":
+        variant = config.options.get("variant", "100k-ratings")
+        total = movielens.PUBLISHED_RATINGS.get(variant, 0)
+        note = (
+            f": test_fraction of its {total:,} ratings; the exact split, by a hash of user and movie, "
+            "needs the data"
+        )
+        return _Published(f"movielens/{variant}", movielens.published_split_size, note)
+    return None
+
+
 def _without_downloads(recipe):
-    """(`recipe` with `download: false` for a source that downloads (TFDS), the keys so changed). `show` counts
-    the data that is here and fetches none."""
+    """(`recipe` with `download: false` for a source that downloads (TFDS, movielens), the keys so changed). `show`
+    counts the data that is here and fetches none."""
     import inspect
 
     from tpukit.data import SOURCES
@@ -413,8 +500,9 @@ COMMANDS: dict[str, Command] = {
         description="Takes train's arguments and stops where train would start building: prints the resolved "
         "recipe (what train saves as recipe.yaml) and the plan `tpukit.plan` makes here (replicas, global and "
         "per-replica batch, steps, precision, XLA, resume step). Connects to the hardware and counts the data "
-        "that is here (a TFDS dataset not downloaded yet: the split sizes its catalogue publishes, where known); "
-        "downloads nothing and writes nothing.",
+        "that is here (a TFDS dataset or MovieLens not downloaded yet: the split sizes its catalogue publishes, "
+        "where known); downloads nothing and writes nothing, $TMPDIR included. A placeholder the recipe leaves "
+        "for you (gs://YOUR_BUCKET) is refused with the --set that fixes it.",
         exit_status="0 shown; 1 the environment (engine missing, TPU unreachable, data not here); 2 bad input.",
         examples="tpukit show cifar10_resnet --set data.global_batch_size=256\n"
         "tpukit show digits_cnn --set runtime.engine=jax",
@@ -568,7 +656,7 @@ def main(argv: list[str] | None = None) -> int:
     if "--verbose" in args:
         args = [a for a in args if a != "--verbose"]
         os.environ[quiet.VERBOSE_VARIABLE] = "1"
-    return COMMANDS[name].run(args)
+    return _exit_status(lambda: COMMANDS[name].run(args))  # argparse's errors leave by sys.exit
 
 
 def entry_point() -> None:

@@ -22,6 +22,7 @@ from tpukit.environment import diagnose
 from tpukit.environment.backend import use_engine
 from tpukit.logs import enable_logging
 from tpukit.recipe import RecipeError, load_recipe, raw_recipe
+from tpukit.recipe.catalogue import placeholder_error
 from tpukit.recipe.loading import requested_engine
 from tpukit.tools import start_tool
 
@@ -64,13 +65,18 @@ EXIT_INTERRUPTED = 128 + 2  # ... and for "interrupted by SIGINT" (Ctrl-C)
 # How the user started this command, and where its flags are described, for usage and error messages
 # (`tpukit train` sets its own).
 PROG = "python -m tpukit.train"
-HELP = "python -m tpukit.train --helpshort"
+HELP = "python -m tpukit.train --help"
+# What asks for the manual page, rather than absl's list of every flag (which exits 1).
+HELP_FLAGS = ("-h", "--help", "--helpshort")
 
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
+        given = f"{len(argv) - 1} given: {' '.join(argv[1:])}" if len(argv) > 2 else "none given"
         print(
-            f"usage: {PROG} RECIPE [--set section.key=value ...] [--output_dir DIR]",
+            f"usage: {PROG} RECIPE [--set section.key=value ...] [--output_dir DIR]\n"
+            f"tpukit: error: one RECIPE expected, {given}. Fix: name one recipe file or shipped recipe, "
+            f"e.g. `{PROG} digits_cnn`; see `{HELP}`.",
             file=sys.stderr,
         )
         return 2
@@ -97,6 +103,10 @@ def main(argv: list[str]) -> int:
         return 1
     try:
         recipe = load_recipe(argv[1], overrides)
+        placeholder = placeholder_error(recipe)
+        if placeholder:
+            print(f"tpukit: error: {placeholder}", file=sys.stderr)
+            return 2
         name = os.path.splitext(os.path.basename(recipe.path))[0]
         output_dir = FLAGS.output_dir or os.path.join("runs", name)
         from tpukit.data import DataUnavailableError
@@ -196,8 +206,21 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 
 def entry_point(argv: list[str] | None = None) -> None:
-    """Parses `argv` (default: sys.argv; argv[0] is the program) with absl, runs `main` and exits with its status."""
+    """Parses `argv` (default: sys.argv; argv[0] is the program) with absl, runs `main` and exits with its status.
+    `--help` prints `tpukit train --help`'s manual page and exits 0."""
+    if any(arg in HELP_FLAGS for arg in (sys.argv if argv is None else argv)[1:]):
+        sys.exit(_manual())
     app.run(_main_then_exit, argv=argv, flags_parser=parse_flags)
+
+
+def _manual() -> int:
+    """Prints the manual page of `tpukit train` (the same command). `tpukit.cli` lays out every page and sits above
+    this module (setup.cfg's layers), so the page is asked of the command, not imported: one page, never two."""
+    import subprocess
+
+    return subprocess.run(
+        [sys.executable, "-m", "tpukit", "train", "--help"], check=False
+    ).returncode
 
 
 def _main_then_exit(args) -> None:

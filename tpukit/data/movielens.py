@@ -100,6 +100,7 @@ def movielens(
     data_dir: str | None = None,
     try_gcs: bool = False,
     test_fraction: float = 0.2,
+    download: bool = True,
 ) -> tf.data.Dataset:
     """MovieLens ratings with the users' side features, from TFDS `movielens/{variant}` (see the module docstring).
 
@@ -117,6 +118,8 @@ def movielens(
         data_dir: where prepared data lives (local or gs://); None: TFDS's default (~/tensorflow_datasets).
         try_gcs: read TFDS's public copy on GCS when it has one.
         test_fraction: the share of ratings in `test`, in (0, 1).
+        download: download and prepare the data if `data_dir` does not have it (`tpukit show` sets false: TFDS
+            then raises its "could not find data" AssertionError instead).
 
     Raises:
         ValueError: an unknown split or variant, or `test_fraction` outside (0, 1).
@@ -130,7 +133,7 @@ def movielens(
         )
     import tensorflow_datasets as tfds
 
-    builder = _movielens_builder(variant, data_dir, try_gcs)
+    builder = _movielens_builder(variant, data_dir, try_gcs, download)
     decoders = tfds.decode.PartialDecoding({key: True for key in (*FEATURES, LABEL)})
     # One file at a time and ordered maps: every pipeline must see the ratings in the same order for `shard`.
     read_config = tfds.ReadConfig(
@@ -151,10 +154,10 @@ def movielens(
     return shard(dataset, input_context)
 
 
-def _movielens_builder(variant: str, data_dir: str | None, try_gcs: bool):
-    """The prepared TFDS builder; a failed download names the offline source as a way out."""
+def _movielens_builder(variant: str, data_dir: str | None, try_gcs: bool, download: bool):
+    """The TFDS builder, prepared unless `download` is false; a failed download names the offline source."""
     try:
-        return _tfds._builder(f"movielens/{variant}", data_dir, try_gcs, download=True)
+        return _tfds._builder(f"movielens/{variant}", data_dir, try_gcs, download=download)
     except RuntimeError as error:
         cause = error.__cause__ or error
         gcs = "" if try_gcs else ", set try_gcs: true to read TFDS's public GCS copy"
@@ -164,6 +167,25 @@ def _movielens_builder(variant: str, data_dir: str | None, try_gcs: bool):
             "it into data_dir (local or gs://); offline, the recipe movielens_dcn trains the same model on "
             "`movielens_synthetic` (the same features and shapes, no download)."
         ) from error
+
+
+# The ratings of each variant as the TFDS catalogue publishes them: `tpukit show` plans with them where the data is
+# not downloaded (and downloads nothing).
+PUBLISHED_RATINGS = {"100k-ratings": 100_000, "1m-ratings": 1_000_209}
+
+
+def published_split_size(
+    split: str, variant: str = "100k-ratings", test_fraction: float = 0.2, **_
+) -> int | None:
+    """About how many ratings a split of `movielens` holds, from `PUBLISHED_RATINGS`: `test_fraction` of them in
+    `test`, the rest in `train` (the exact counts follow the hash of each rating's user and movie, so they need the
+    data); None for a variant, split or fraction `movielens` would refuse."""
+    total = PUBLISHED_RATINGS.get(variant)
+    number = isinstance(test_fraction, (int, float)) and not isinstance(test_fraction, bool)
+    if total is None or split not in SPLITS or not (number and 0 < test_fraction < 1):
+        return None
+    test = int(round(test_fraction * total))
+    return test if split == "test" else total - test
 
 
 def _from_tfds(example: dict, vocabulary: dict) -> tuple[dict, tf.Tensor]:

@@ -3,7 +3,8 @@
 Read from the recipes themselves, so nothing is written twice: every recipe opens with a comment block (its header;
 tests/recipe/test_recipes_catalogue.py keeps its shape) whose first paragraph starts `# NAME: what it trains`, whose
 commands start `python -m tpukit.train`, whose `smoke test:` line gives a quick try, and whose `Measured` paragraph
-says what was measured where; the data is the recipe's `data.source` and the dataset it names.
+says what was measured where; the data is the recipe's `data.source` and the dataset it names. A value the recipe
+cannot know (your bucket) is a placeholder spelled `YOUR_...`, which `placeholder_error` refuses before a run.
 """
 
 from __future__ import annotations
@@ -11,10 +12,12 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import shlex
 
 import yaml
 
 from tpukit.recipe.loading import packaged_recipes
+from tpukit.recipe.schema import Recipe
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,7 +30,8 @@ class RecipeInfo:
         trains: the first sentence of the header: what it trains, on what.
         data: `data.source`, and the dataset it names (`tfds cifar10`, `text_files`).
         command: the header's first command, as `tpukit train NAME ...`.
-        smoke_test: the header's quick try, as a command (None: the header has none).
+        smoke_test: the header's quick try, as a command: the first command (with what it needs, e.g. your TPU and
+            bucket) and the try's overrides (None: the header has none).
         measured: the header's `Measured` paragraph, without that word ("not yet measured." where nothing was).
     """
 
@@ -86,15 +90,14 @@ def describe(name: str, path: str) -> RecipeInfo:
     smoke = next((line.strip() for line in lines if line.strip().startswith("smoke test:")), None)
     measured = next((p for p in paragraphs if "\nMeasured" in f"\n{p}"), "")
     measured = " ".join(measured[measured.find("Measured") :].split()) if measured else ""
+    command = as_tpukit_command(commands[0], name) if commands else f"tpukit train {name}"
     return RecipeInfo(
         name=name,
         path=path,
         trains=trains,
         data=_data(yaml.safe_load(text) or {}),
-        command=as_tpukit_command(commands[0], name) if commands else f"tpukit train {name}",
-        smoke_test=f"tpukit train {name} {smoke.removeprefix('smoke test:').strip()}"
-        if smoke
-        else None,
+        command=command,
+        smoke_test=f"{command} {smoke.removeprefix('smoke test:').strip()}" if smoke else None,
         measured=re.sub(r"^Measured:?\s*", "", measured) or "not yet measured.",
     )
 
@@ -107,3 +110,23 @@ def catalogue() -> list[RecipeInfo]:
 def recipe_name(path: str) -> str:
     """The name a run of the recipe file `path` is known by (its output directory's default: runs/NAME)."""
     return os.path.splitext(os.path.basename(path))[0]
+
+
+# A value a shipped recipe cannot know, for the user to set: `file_pattern: gs://YOUR_BUCKET/imagenet/{split}-*`.
+_PLACEHOLDER = re.compile(r"YOUR_[A-Z0-9_]*[A-Z0-9]")
+
+
+def placeholder_error(recipe: Recipe) -> str | None:
+    """The error for a `data` value that is still a placeholder (`YOUR_BUCKET`), naming the key, the value and the
+    fix; None when there is none. `train` and `show` refuse it before connecting: read as it is, the path fails in
+    GCS' client with a traceback, after minutes of retries where there is no network."""
+    for key, value in recipe.data.options.items():
+        found = _PLACEHOLDER.search(value) if isinstance(value, str) else None
+        if found:
+            yours = _PLACEHOLDER.sub(lambda m: m[0].lower().replace("_", "-"), value)
+            what = found[0].removeprefix("YOUR_").lower().replace("_", " ")
+            return (
+                f"{recipe.path}: data.{key}={value!r} is the recipe's placeholder ({found[0]}), not your data. "
+                f"Fix: add --set {shlex.quote(f'data.{key}={yours}')} with your own {what}."
+            )
+    return None
