@@ -430,3 +430,16 @@ def test_train_refuses_an_unknown_recipe_before_tensorflow_loads():
         "tpukit: error: one RECIPE expected, none given. Fix: name one recipe file or shipped recipe, e.g. "
         "`tpukit train digits_cnn`; see `tpukit train --help`."
     )
+
+
+def test_ctrl_c_outside_training_is_one_line_and_exit_130(monkeypatch, capsys):
+    """Ctrl-C in `tpukit doctor`, `show` or `check` (a KeyboardInterrupt anywhere in them): no traceback."""
+
+    def interrupted(argv=None):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "main", interrupted)
+    with pytest.raises(SystemExit) as exit_:
+        cli.entry_point()
+    assert exit_.value.code == 130
+    assert capsys.readouterr().err == "tpukit: interrupted\n"

@@ -668,4 +668,8 @@ def entry_point() -> None:
         # `tpukit recipes | head`: the reader left; say nothing more (Python's docs: "Note on SIGPIPE").
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         status = 1
+    except KeyboardInterrupt:
+        # Ctrl-C outside a training run (which saves and says so itself): one line, the shell's status for SIGINT.
+        print("tpukit: interrupted", file=sys.stderr)
+        status = 128 + 2
     sys.exit(status)

@@ -333,6 +333,9 @@ def test_cli_report_json_and_exit_codes(capsys, tmp_path):
     path.write_text(yaml.safe_dump(digits_recipe()))
     assert check_lib.main([str(path), "--rule", "batch", "--rule", "input_paths"]) == 0
     out = capsys.readouterr().out
+    # The header is the first line, once, before any rule's line.
+    assert out.startswith(f"tpukit check: {path} for 8 core(s) of TPU v5e")
+    assert out.count("tpukit check: ") == 1
     assert (
         "[WARN] batch" in out
         and "a proxy for the TPU" in out

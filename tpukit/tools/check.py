@@ -1046,8 +1046,14 @@ def passed(rules: list[Rule]) -> bool:
     return not any(r.status == "fail" for r in rules)
 
 
-def format_report(recipe: Recipe, target: Target, rules: list[Rule]) -> str:
-    lines = [f"tpukit check: {recipe.path} for {target.describe()}"]
+def header(recipe: Recipe, target: Target) -> str:
+    return f"tpukit check: {recipe.path} for {target.describe()}"
+
+
+def format_report(
+    recipe: Recipe, target: Target, rules: list[Rule], with_header: bool = True
+) -> str:
+    lines = [header(recipe, target)] if with_header else []
     for rule in rules:
         lines.append(f"[{rule.status.upper():4}] {rule.name}: {rule.message}")
         if rule.fix and rule.status in ("fail", "warn"):
@@ -1116,6 +1122,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m tpukit.check") ->
         recipe = load_recipe(args.recipe, args.set)
         hbm = args.hbm_gib * 2**30 if args.hbm_gib is not None else None
         target = target_for(recipe, args.cores, args.tpu_type, hbm)
+        if not args.json:  # the first line: what is checked, before the rules build anything
+            print(header(recipe, target), flush=True)
         rules = check(recipe, args.cores, args.tpu_type, args.rule or None, hbm)
     except RecipeError as error:
         print(f"tpukit: error: {error}", file=sys.stderr)
@@ -1123,7 +1131,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m tpukit.check") ->
     if args.json:
         print(json.dumps(to_json(recipe, target, rules), indent=2))
     else:
-        print(format_report(recipe, target, rules))
+        print(format_report(recipe, target, rules, with_header=False))
     return 0 if passed(rules) else 1
 
 
