@@ -107,6 +107,8 @@ def count_data(recipe: Recipe, evaluating: bool) -> DataFacts:
         if explained is None:
             raise
         raise RecipeError(f"{recipe.path}: data: {explained}") from None
+    except ValueError as error:  # the source refuses its arguments when first read (no file matches)
+        raise RecipeError(f"{recipe.path}: data: {error}") from None
     return DataFacts(train_examples, eval_examples, corrupt, labels)
 
 
