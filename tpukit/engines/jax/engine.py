@@ -587,6 +587,12 @@ def _export(session: Session, outcome) -> dict[str, str]:
             time.time() - started,
         )
     else:
+        if "Could not locate class" in failure:
+            failure += (
+                ". Fix: define the model's own layers in a module of yours that the script imports (the exporting "
+                "process imports it; it cannot import the script you run), or train with runtime.engine=tensorflow, "
+                "which exports in the training process"
+            )
         logger.warning(
             "tpukit: model.keras is saved, but the SavedModel export (a TensorFlow-backend process) failed: %s",
             failure,

@@ -69,7 +69,8 @@ class SavedModelExport:
             self.close()
             self._process, self._log = _started()
         try:
-            self._process.stdin.write(json.dumps([keras_path, output_dir]) + "\n")
+            # The run's sys.path: the user's own modules (custom layers) are imported from where the run found them.
+            self._process.stdin.write(json.dumps([keras_path, output_dir, sys.path]) + "\n")
             self._process.stdin.close()
         except OSError:  # it has ended already (BrokenPipeError): its output says why
             pass
@@ -150,8 +151,50 @@ def main(argv: list[str]) -> int:
     line = sys.stdin.readline()
     if not line.strip():
         return 0
-    keras_path, output_dir = json.loads(line)
-    return export.main([keras_path, output_dir])
+    keras_path, output_dir, *rest = json.loads(line)
+    with keras.saving.custom_object_scope(_user_classes(keras_path, rest[0] if rest else [])):
+        return export.main([keras_path, output_dir])
+
+
+def _user_classes(keras_path: str, search_path: list[str]) -> dict:
+    """The classes of `keras_path`'s config that live in the user's own importable modules (`"module": "mylayers"`),
+    imported with the run's `sys.path`: Keras' loader imports only Keras' packages and finds other classes only
+    when registered in this process. A class defined in the script that ran (no module in the config) cannot be
+    imported here; loading then fails with Keras' "Could not locate class", which the run reports with the fix."""
+    import importlib
+    import zipfile
+
+    for entry in search_path:
+        if entry not in sys.path:
+            sys.path.append(
+                entry
+            )  # after this process's own entries, so tpukit and Keras stay the installed ones
+    with zipfile.ZipFile(keras_path) as archive:
+        config = json.loads(archive.read("config.json"))
+    found: dict = {}
+
+    def walk(node) -> None:
+        if isinstance(node, dict):
+            module, name = node.get("module"), node.get("class_name")
+            if (
+                isinstance(module, str)
+                and isinstance(name, str)
+                and module.split(".")[0] not in ("keras", "tpukit", "builtins")
+            ):
+                try:
+                    value = getattr(importlib.import_module(module), name, None)
+                except Exception:  # noqa: BLE001 - a module that cannot load here: Keras says which class is missing
+                    value = None
+                if value is not None:
+                    found[name] = value
+            for child in node.values():
+                walk(child)
+        elif isinstance(node, list):
+            for child in node:
+                walk(child)
+
+    walk(config)
+    return found
 
 
 if __name__ == "__main__":
