@@ -411,3 +411,30 @@ def test_a_label_beyond_those_read_before_training_leaves_no_directory_and_the_f
     ).exists()  # ckpt-0, logs/ and recipe.yaml of the failed new run are gone
     fixed = from_dict({**raw, "model": {"name": "my_pkg.models:build_model", "num_classes": 4}})
     assert tpukit.run(fixed, str(tmp_path / "late"))["step"] == 4
+
+
+def test_validation_split_holds_out_the_last_examples_as_keras_does(tmp_path):
+    """keras-io scripts fit with `validation_split=0.1`: the same examples as `validation_data` of the last 10%
+    (taken before shuffling), so the same run; refused with dataset_fn, beside validation_data, or out of (0, 1)."""
+    x, y = _arrays()
+    common = dict(epochs=1, batch_size=32, steps_per_execution=1, seed=0, verbose=0)
+    split = tpukit.fit(build, x, y, validation_split=0.25, output_dir=str(tmp_path / "s"), **common)
+    at = int(np.ceil(len(x) * 0.75))
+    given = tpukit.fit(
+        build,
+        x[:at],
+        y[:at],
+        validation_data=(x[at:], y[at:]),
+        output_dir=str(tmp_path / "g"),
+        **common,
+    )
+    assert split["steps_per_epoch"] == given["steps_per_epoch"] == at // 32
+    assert split["eval_examples"] == given["eval_examples"] == len(x) - at
+    assert split["eval"] == given["eval"] and split["train"] == given["train"]
+    for bad, match in (
+        (dict(validation_split=1.0), "between 0 and 1"),
+        (dict(validation_split=0.1, validation_data=(x, y)), "cannot be combined"),
+    ):
+        with pytest.raises(RecipeError, match=match):
+            tpukit.fit(build, x, y, output_dir=str(tmp_path / "bad"), **common, **bad)
+    assert not (tmp_path / "bad").exists()

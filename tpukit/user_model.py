@@ -115,6 +115,7 @@ def fit(
     *,
     dataset_fn: Callable | None = None,
     validation_data: tuple | None = None,
+    validation_split: float | None = None,
     epochs: int,
     batch_size: int,
     output_dir: str,
@@ -139,6 +140,9 @@ def fit(
         dataset_fn: `dataset_fn(split) -> tf.data.Dataset` of unbatched `(features, label)` for split "train" and,
             with validation, "validation"; tpukit shards it per host, batches, shuffles and pads eval.
         validation_data: `(x_val, y_val)` arrays, or True to read split "validation" from `dataset_fn`.
+        validation_split: as in `keras.Model.fit`: this fraction of `x` and `y`, their last examples (taken before
+            any shuffling), is the validation data instead of training data. Arrays only; not with
+            `validation_data`.
         epochs, batch_size: as in a recipe's `train.epochs` and `data.global_batch_size` (global, summed over
             replicas).
         learning_rate: `train.learning_rate`; None: the model's own optimizer if `model_fn` compiled one, else
@@ -177,6 +181,8 @@ def fit(
             f"tpukit.fit: x and y must hold the same number of examples; received {_length(x, 'x')} in x and "
             f"{_length(y, 'y')} in y. Fix: pass the labels of every example of x."
         )
+    if validation_split is not None:
+        x, y, validation_data = _split_off(x, y, validation_split, validation_data)
     name = (
         name
         or f"fit:{getattr(model_fn, '__module__', '')}.{getattr(model_fn, '__qualname__', 'model')}"
@@ -213,6 +219,42 @@ def fit(
             accept_changes=accept_changes,
             break_lock=break_lock,
         )
+
+
+def _split_off(x, y, fraction, validation_data) -> tuple:
+    """`(x_train, y_train, (x_val, y_val))`: the last `fraction` of the examples held out, as Keras'
+    `validation_split` does (`split_at = ceil(n * (1 - fraction))`, before shuffling)."""
+    import math
+
+    number = isinstance(fraction, (int, float)) and not isinstance(fraction, bool)
+    if x is None or validation_data is not None or not (number and 0 < fraction < 1):
+        problem = (
+            "it splits arrays: pass x and y, not dataset_fn"
+            if x is None
+            else "it cannot be combined with validation_data"
+            if validation_data is not None
+            else f"it must be a fraction between 0 and 1, exclusive; received {fraction!r}"
+        )
+        raise RecipeError(
+            f"tpukit.fit: validation_split={fraction!r}: {problem}. Fix: e.g. validation_split=0.1 with x and "
+            "y, or validation_data=(x_val, y_val) instead."
+        )
+    split_at = math.ceil(_length(x, "x") * (1.0 - fraction))
+    if split_at >= _length(x, "x"):
+        raise RecipeError(
+            f"tpukit.fit: validation_split={fraction!r} of {_length(x, 'x')} examples leaves no validation "
+            "example. Fix: a larger fraction, or more examples."
+        )
+
+    def part(arrays, piece: slice):
+        if isinstance(arrays, dict):
+            return {key: value[piece] for key, value in arrays.items()}
+        if isinstance(arrays, (list, tuple)):
+            return type(arrays)(value[piece] for value in arrays)
+        return arrays[piece]
+
+    head, tail = slice(None, split_at), slice(split_at, None)
+    return part(x, head), part(y, head), (part(x, tail), part(y, tail))
 
 
 def _by_name(name: str, key: str, value) -> tuple[Any, dict]:
