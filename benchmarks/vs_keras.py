@@ -6,17 +6,24 @@ wall time, and where tpukit's seconds go.
     python benchmarks/vs_keras.py --engines tensorflow --rows mlp cnn --rounds 5 --out /tmp/vs_keras.json
 
 For each engine (default: tensorflow, then jax) and each row of `workloads.py` (MLP, small CNN, ResNet,
-transformer), three variants, each a whole subprocess:
+transformer, and keras-io's mnist_convnet and text_transformer), three variants, each a whole subprocess:
 
 * (a) plain Keras as the tutorials write it: the same model, `compile(optimizer, loss, metrics=["accuracy"])`,
   `fit(x, y, batch_size, epochs, validation_data)` with Keras' defaults on NumPy arrays, `evaluate`,
   `model.save`. The MLP row is the seed-style script: `tf.distribute.MirroredStrategy()` and compile + fit under
-  `strategy.scope()` (on JAX: `keras.distribution.DataParallel()`, as Keras' JAX distribution guide does).
+  `strategy.scope()` (on JAX: `keras.distribution.DataParallel()`, as Keras' JAX distribution guide does). The
+  keras-io rows compile with their scripts' loss names on their softmax outputs (one-hot labels and
+  `categorical_crossentropy` in mnist_convnet, which fits with `validation_split=0.1` and evaluates on its test
+  set); text_transformer's script ends at `fit`, and is given the same `evaluate` as the others, since tpukit
+  evaluates at the end.
 * (b) plain Keras hand-tuned with what tpukit chose in the previous (c) run of the same row (its `metrics.json`):
   the strategy kind, precision, `jit_compile`, `steps_per_execution`, and a hand-written `tf.data` pipeline
   (cache, shuffle, repeat, batch with `drop_remainder`, prefetch AUTOTUNE, non-deterministic order) with
   `verbose=2`.
-* (c) tpukit: `tpukit.fit` (MLP) or `tpukit.run` on the row's recipe with `runtime.steps_per_execution: auto`, and
+* (c) tpukit: `tpukit.fit` with the row's model builder and arrays, as a user hands tpukit their own model (MLP;
+  mnist_convnet and text_transformer also with their loss and metrics by name, and mnist_convnet with its
+  `validation_split=0.1`), or `tpukit.run` on the
+  row's recipe (small CNN, ResNet, transformer); both with `runtime.steps_per_execution: auto`, and
   every output on (checkpoints, TensorBoard logs, `model.keras` + SavedModel export, `metrics.json`); on the jax
   engine `runtime.engine: jax` with its default mesh (every device on `data`), and its persistent compilation
   cache in a directory of this benchmark run and row (`TPUKIT_JAX_COMPILATION_CACHE`): round 1 of each row compiles
@@ -59,11 +66,11 @@ def _plain_keras(row, variant: str, settings: dict, output_dir: str) -> dict:
     from workloads import SteadyRate
 
     timer = SteadyRate(row.global_batch_size)
-    x, y = row.arrays("train")
-    validation = row.arrays("test") if row.eval_examples else None
-    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    loss = row.keras_loss()
     if variant == "a":
         # The tutorial script: NumPy arrays into fit, every other argument at Keras' default.
+        x, y = row.arrays("train")
+        test = row.arrays("test") if row.eval_examples else None
         strategy = (
             tf.distribute.MirroredStrategy() if row.name == "mlp" else tf.distribute.get_strategy()
         )
@@ -75,11 +82,11 @@ def _plain_keras(row, variant: str, settings: dict, output_dir: str) -> dict:
                 y,
                 batch_size=row.global_batch_size,
                 epochs=row.epochs,
-                validation_data=validation,
                 callbacks=[timer],
+                **_tutorial_validation(row, test),
             )
-        if validation is not None:
-            model.evaluate(*validation, batch_size=row.global_batch_size)
+        if test is not None:
+            model.evaluate(*test, batch_size=row.global_batch_size)
     else:
         # Hand-tuned with tpukit's choices: what a careful user would write after reading tpukit's plan.
         keras.mixed_precision.set_global_policy(settings["precision"])
@@ -88,7 +95,7 @@ def _plain_keras(row, variant: str, settings: dict, output_dir: str) -> dict:
                 f"vs_keras: (b) knows only the default strategy; tpukit chose {settings['strategy']}"
             )
         strategy = tf.distribute.get_strategy()
-        train, validation_data = _tuned_datasets(row, x, y, validation)
+        train, validation_data, test_data = _tuned_datasets(row)
         with strategy.scope():
             model = row.build_model()
             model.compile(
@@ -106,8 +113,8 @@ def _plain_keras(row, variant: str, settings: dict, output_dir: str) -> dict:
             callbacks=[timer],
             verbose=2,
         )
-        if validation_data is not None:
-            model.evaluate(validation_data, verbose=2)
+        if test_data is not None:
+            model.evaluate(test_data, verbose=2)
     model.save(os.path.join(output_dir, "model.keras"))
     return {
         "examples_per_second": timer.examples_per_second,
@@ -116,11 +123,21 @@ def _plain_keras(row, variant: str, settings: dict, output_dir: str) -> dict:
     }
 
 
-def _tuned_datasets(row, x, y, validation) -> tuple:
+def _tutorial_validation(row, test) -> dict:
+    """(a)'s validation argument to `fit`: `validation_split` where the script splits its training arrays
+    (mnist_convnet, which then evaluates on `test`), else `validation_data` (the test arrays)."""
+    if row.validation_split:
+        return {"validation_split": row.validation_split}
+    return {"validation_data": test}
+
+
+def _tuned_datasets(row) -> tuple:
     """(b)'s hand-written tf.data pipelines: train (cache, shuffle, repeat, batch with `drop_remainder`, prefetch,
-    non-deterministic order) and validation (batch, cache, prefetch; None without evaluation)."""
+    non-deterministic order), validation and test (batch, cache, prefetch; None without evaluation; test is
+    validation's pipeline unless the row splits validation off its training arrays)."""
     import tensorflow as tf
 
+    (x, y), validation = row.fit_arrays()
     options = tf.data.Options()
     options.deterministic = False
     train = (
@@ -132,13 +149,16 @@ def _tuned_datasets(row, x, y, validation) -> tuple:
         .prefetch(tf.data.AUTOTUNE)
         .with_options(options)
     )
-    validation_data = None
-    if validation is not None:
-        validation_data = (
-            tf.data.Dataset.from_tensor_slices(validation).batch(row.global_batch_size).cache()
-        )
-        validation_data = validation_data.prefetch(tf.data.AUTOTUNE)
-    return train, validation_data
+
+    def evaluation(arrays):
+        if arrays is None:
+            return None
+        batches = tf.data.Dataset.from_tensor_slices(arrays).batch(row.global_batch_size).cache()
+        return batches.prefetch(tf.data.AUTOTUNE)
+
+    validation_data = evaluation(validation)
+    test_data = evaluation(row.arrays("test")) if row.validation_split else validation_data
+    return train, validation_data, test_data
 
 
 def _plain_keras_jax(row, variant: str, settings: dict, output_dir: str) -> dict:
@@ -147,11 +167,11 @@ def _plain_keras_jax(row, variant: str, settings: dict, output_dir: str) -> dict
     from workloads import SteadyRate
 
     timer = SteadyRate(row.global_batch_size)
-    x, y = row.arrays("train")
-    validation = row.arrays("test") if row.eval_examples else None
-    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    loss = row.keras_loss()
     if variant == "a":
         # The tutorial script on JAX; the MLP row distributes as Keras' JAX distribution guide does.
+        x, y = row.arrays("train")
+        test = row.arrays("test") if row.eval_examples else None
         if row.name == "mlp":
             keras.distribution.set_distribution(keras.distribution.DataParallel())
         model = row.build_model()
@@ -161,18 +181,18 @@ def _plain_keras_jax(row, variant: str, settings: dict, output_dir: str) -> dict
             y,
             batch_size=row.global_batch_size,
             epochs=row.epochs,
-            validation_data=validation,
             callbacks=[timer],
+            **_tutorial_validation(row, test),
         )
-        if validation is not None:
-            model.evaluate(*validation, batch_size=row.global_batch_size)
+        if test is not None:
+            model.evaluate(*test, batch_size=row.global_batch_size)
     else:
         if settings.get("devices", 1) != 1:
             raise SystemExit(
                 f"vs_keras: (b) on jax knows only one device; tpukit's mesh had {settings['devices']}"
             )
         keras.mixed_precision.set_global_policy(settings["precision"])
-        train, validation_data = _tuned_datasets(row, x, y, validation)
+        train, validation_data, test_data = _tuned_datasets(row)
         model = row.build_model()
         model.compile(
             optimizer=row.keras_optimizer(),
@@ -189,8 +209,8 @@ def _plain_keras_jax(row, variant: str, settings: dict, output_dir: str) -> dict
             callbacks=[timer],
             verbose=2,
         )
-        if validation_data is not None:
-            model.evaluate(validation_data, verbose=2)
+        if test_data is not None:
+            model.evaluate(test_data, verbose=2)
     model.save(os.path.join(output_dir, "model.keras"))
     return {
         "examples_per_second": timer.examples_per_second,
@@ -200,28 +220,42 @@ def _plain_keras_jax(row, variant: str, settings: dict, output_dir: str) -> dict
 
 
 def _tpukit(row, output_dir: str, engine: str = "tensorflow") -> dict:
-    from workloads import SteadyRate, mlp
+    from workloads import SteadyRate
 
     import tpukit
 
     timer = SteadyRate(row.global_batch_size)
     # The TensorFlow path passes no engine, as before; jax: runtime.engine=jax with the default mesh.
     engine_setting = {} if engine == "tensorflow" else {"engine": engine}
-    if row.name == "mlp":
-        x, y = row.arrays("train")
+    if row.through == "fit":
+        if row.validation_split:  # mnist_convnet: the script's own argument
+            x, y = row.arrays("train")
+            validation = {"validation_split": row.validation_split}
+        else:
+            (x, y), test = row.fit_arrays()
+            validation = {"validation_data": test}
+        if row.loss is None:
+            # The MLP: logits and class ids, tpukit infers the loss; the row's optimizer settings.
+            own = {
+                "learning_rate": row.learning_rate,
+                "optimizer": "adam",
+                "shuffle_buffer": row.shuffle_buffer,
+            }
+        else:
+            # keras-io's scripts: their loss and metrics by name (softmax outputs, their labels), the rest
+            # tpukit's defaults (Adam at 0.001, as their compile(optimizer="adam")).
+            own = {"loss": row.loss, "metrics": ["accuracy"]}
         metrics = tpukit.fit(
-            mlp,
+            row.builder,
             x,
             y,
-            validation_data=row.arrays("test"),
+            **validation,
             epochs=row.epochs,
             batch_size=row.global_batch_size,
             output_dir=output_dir,
-            learning_rate=row.learning_rate,
-            optimizer="adam",
             steps_per_execution="auto",
-            shuffle_buffer=row.shuffle_buffer,
             callbacks=[timer],
+            **own,
             **engine_setting,
         )
     else:
@@ -400,7 +434,7 @@ def phases(runs: list[dict]) -> dict:
 
 def table(results: dict) -> str:
     header = (
-        f"{'row':<12}{'a ex/s':>9}{'b ex/s':>9}{'c ex/s':>9}{'c/a':>7}{'c/b':>7}"
+        f"{'row':<18}{'a ex/s':>9}{'b ex/s':>9}{'c ex/s':>9}{'c/a':>7}{'c/b':>7}"
         f"{'a wall':>8}{'b wall':>8}{'c wall':>8}{'a/c':>7}{'b/c':>7}{'c MFU':>8}  spe chosen"
     )
     lines = [header, "-" * len(header)]
@@ -409,7 +443,7 @@ def table(results: dict) -> str:
         chosen = ",".join(str(x["steps_per_execution"]) for x in summary["tpukit_settings"])
         mfu = summary.get("tpukit_mfu")
         lines.append(
-            f"{name:<12}{s['a']['examples_per_second']:>9.0f}{s['b']['examples_per_second']:>9.0f}"
+            f"{name:<18}{s['a']['examples_per_second']:>9.0f}{s['b']['examples_per_second']:>9.0f}"
             f"{s['c']['examples_per_second']:>9.0f}{r['examples_per_second_c_over_a']:>7.2f}"
             f"{r['examples_per_second_c_over_b']:>7.2f}{s['a']['wall_seconds']:>7.1f}s{s['b']['wall_seconds']:>7.1f}s"
             f"{s['c']['wall_seconds']:>7.1f}s{r['wall_a_over_c']:>7.2f}{r['wall_b_over_c']:>7.2f}"
@@ -422,13 +456,13 @@ def table(results: dict) -> str:
     for name, summary in results.items():
         timing = summary.get("tpukit_phases_seconds") or {}
         lines.append(
-            f"  {name:<12}"
+            f"  {name:<18}"
             + ", ".join(f"{k} {v:.1f}" for k, v in timing.items() if v is not None and k != "total")
         )
     lines.append("(c)'s wall time by round (s):")
     for name, summary in results.items():
         walls = [run["wall_seconds"] for run in summary["runs"]["c"]]
-        lines.append(f"  {name:<12}" + ", ".join(f"{w:.1f}" for w in walls))
+        lines.append(f"  {name:<18}" + ", ".join(f"{w:.1f}" for w in walls))
     return "\n".join(lines)
 
 
@@ -440,7 +474,7 @@ def engines_table(report: dict) -> str:
     if not both:
         return ""
     header = (
-        f"{'row':<12}{'tf ex/s':>9}{'jax ex/s':>10}{'jax/tf':>8}{'tf wall':>9}{'jax wall':>10}"
+        f"{'row':<18}{'tf ex/s':>9}{'jax ex/s':>10}{'jax/tf':>8}{'tf wall':>9}{'jax wall':>10}"
         f"{'tf/jax wall':>12}{'tf MFU':>8}{'jax MFU':>9}"
     )
     lines = ["tpukit's engines on the same rows ((c) of each):", header, "-" * len(header)]
@@ -448,7 +482,7 @@ def engines_table(report: dict) -> str:
         t, j = tf_rows[name], jax_rows[name]
         tmfu, jmfu = t.get("tpukit_mfu"), j.get("tpukit_mfu")
         lines.append(
-            f"{name:<12}{t['c']['examples_per_second']:>9.0f}{j['c']['examples_per_second']:>10.0f}"
+            f"{name:<18}{t['c']['examples_per_second']:>9.0f}{j['c']['examples_per_second']:>10.0f}"
             f"{j['c']['examples_per_second'] / t['c']['examples_per_second']:>8.2f}"
             f"{t['c']['wall_seconds']:>8.1f}s{j['c']['wall_seconds']:>9.1f}s"
             f"{t['c']['wall_seconds'] / j['c']['wall_seconds']:>12.2f}"

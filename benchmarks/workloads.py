@@ -8,9 +8,23 @@ Rows (sizes chosen to run on a 2-core CPU; `quick` shrinks the steps, never the 
 * `cnn`: `small_cnn` on scikit-learn's digits (the `digits_cnn` recipe's model and data, batch 64), Adam.
 * `resnet`: `resnet_cifar` depth 8 on random 32x32x3 images, batch 128, SGD with momentum.
 * `transformer`: `causal_lm` (2 layers, width 128, 4 heads, 128 tokens, vocabulary 256), batch 32, Adam.
+* `mnist_convnet`: keras-io's examples/vision/mnist_convnet.py as written (Conv2D 32 -> MaxPooling -> Conv2D 64 ->
+  MaxPooling -> Flatten -> Dropout(0.5) -> Dense(10, softmax); `categorical_crossentropy` on one-hot labels, Adam,
+  batch 128, `validation_split=0.1`, then `evaluate` on the test set) on MNIST-shaped synthetic images in [0, 1]
+  whose class adds a fixed pattern of bright pixels to noise, so accuracy means something. keras-io trains 15
+  epochs of 60,000 and tests 10,000; here 2 epochs of 12,800 (11,520 trained, 1,280 validated) and 1,280 tested,
+  quick 6,400 and 640.
+* `text_transformer`: keras-io's examples/nlp/text_classification_with_transformer.py as written (vocabulary
+  20,000, 200 tokens, its `TokenAndPositionEmbedding` and `TransformerBlock`: embed 32, 2 heads, feed-forward 32;
+  GlobalAveragePooling1D -> Dropout -> Dense(20, relu) -> Dropout -> Dense(2, softmax);
+  `sparse_categorical_crossentropy`, Adam, batch 32, `validation_data`) on synthetic token ids in [1, 20,000) with
+  8 words of the review's class (ids 1-99 or 100-198) at random places. keras-io trains 2 epochs of 25,000 IMDB
+  reviews and validates on 25,000; here 2 epochs of 2,560 and 640 validated, quick 1,280 and 320.
 
-Only public seams of tpukit are used: `tpukit.register_model`, `tpukit.register_source`, `tpukit.data.*`,
-`tpukit.models.MODELS` and `tpukit.recipe.from_dict`.
+`mlp`, `mnist_convnet` and `text_transformer` are users' own models: `vs_keras.py` hands them to `tpukit.fit` as a
+builder function and arrays (`through="fit"`); the others are tpukit recipes. Every row also has a recipe
+(`Workload.recipe`, used by `mfu.py`). Only public seams of tpukit are used: `tpukit.register_model`,
+`tpukit.register_source`, `tpukit.data.*`, `tpukit.models.MODELS` and `tpukit.recipe.from_dict`.
 """
 
 from __future__ import annotations
@@ -26,7 +40,7 @@ import tpukit
 from tpukit import data
 from tpukit.models import MODELS
 
-ROWS = ("mlp", "cnn", "resnet", "transformer")
+ROWS = ("mlp", "cnn", "resnet", "transformer", "mnist_convnet", "text_transformer")
 
 
 def mlp() -> keras.Model:
@@ -41,6 +55,114 @@ def mlp() -> keras.Model:
         ],
         name="mlp",
     )
+
+
+def mnist_convnet() -> keras.Model:
+    """keras-io examples/vision/mnist_convnet.py's model, as written (softmax out)."""
+    return keras.Sequential(
+        [
+            keras.Input(shape=(28, 28, 1)),
+            keras.layers.Conv2D(32, kernel_size=(3, 3), activation="relu"),
+            keras.layers.MaxPooling2D(pool_size=(2, 2)),
+            keras.layers.Conv2D(64, kernel_size=(3, 3), activation="relu"),
+            keras.layers.MaxPooling2D(pool_size=(2, 2)),
+            keras.layers.Flatten(),
+            keras.layers.Dropout(0.5),
+            keras.layers.Dense(10, activation="softmax"),
+        ]
+    )
+
+
+# keras-io examples/nlp/text_classification_with_transformer.py's two layers, as written: no `get_config` and no
+# `register_keras_serializable`, as a user's own layers often are.
+class TransformerBlock(keras.layers.Layer):
+    def __init__(self, embed_dim, num_heads, ff_dim, rate=0.1):
+        super().__init__()
+        self.att = keras.layers.MultiHeadAttention(num_heads=num_heads, key_dim=embed_dim)
+        self.ffn = keras.Sequential(
+            [
+                keras.layers.Dense(ff_dim, activation="relu"),
+                keras.layers.Dense(embed_dim),
+            ]
+        )
+        self.layernorm1 = keras.layers.LayerNormalization(epsilon=1e-6)
+        self.layernorm2 = keras.layers.LayerNormalization(epsilon=1e-6)
+        self.dropout1 = keras.layers.Dropout(rate)
+        self.dropout2 = keras.layers.Dropout(rate)
+
+    def call(self, inputs):
+        attn_output = self.att(inputs, inputs)
+        attn_output = self.dropout1(attn_output)
+        out1 = self.layernorm1(inputs + attn_output)
+        ffn_output = self.ffn(out1)
+        ffn_output = self.dropout2(ffn_output)
+        return self.layernorm2(out1 + ffn_output)
+
+
+class TokenAndPositionEmbedding(keras.layers.Layer):
+    def __init__(self, maxlen, vocab_size, embed_dim):
+        super().__init__()
+        self.token_emb = keras.layers.Embedding(input_dim=vocab_size, output_dim=embed_dim)
+        self.pos_emb = keras.layers.Embedding(input_dim=maxlen, output_dim=embed_dim)
+
+    def call(self, x):
+        maxlen = keras.ops.shape(x)[-1]
+        positions = keras.ops.arange(start=0, stop=maxlen, step=1)
+        positions = self.pos_emb(positions)
+        x = self.token_emb(x)
+        return x + positions
+
+
+def text_transformer() -> keras.Model:
+    """keras-io examples/nlp/text_classification_with_transformer.py's model, as written (softmax out)."""
+    vocab_size, maxlen, embed_dim, num_heads, ff_dim = 20000, 200, 32, 2, 32
+    inputs = keras.layers.Input(shape=(maxlen,))
+    embedding_layer = TokenAndPositionEmbedding(maxlen, vocab_size, embed_dim)
+    x = embedding_layer(inputs)
+    transformer_block = TransformerBlock(embed_dim, num_heads, ff_dim)
+    x = transformer_block(x)
+    x = keras.layers.GlobalAveragePooling1D()(x)
+    x = keras.layers.Dropout(0.1)(x)
+    x = keras.layers.Dense(20, activation="relu")(x)
+    x = keras.layers.Dropout(0.1)(x)
+    outputs = keras.layers.Dense(2, activation="softmax")(x)
+    return keras.Model(inputs=inputs, outputs=outputs)
+
+
+# The rows' own model builders (a user's functions), by model name; registered with tpukit by `register`.
+BUILDERS = {
+    "bench_mlp": mlp,
+    "bench_mnist_convnet": mnist_convnet,
+    "bench_text_transformer": text_transformer,
+}
+
+
+def mnist_like(count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """`count` MNIST-shaped examples as keras-io's script prepares them: float32 (count, 28, 28, 1) images in
+    [0, 1] and one-hot float labels (count, 10). Each class adds its own fixed pattern of bright pixels (the same
+    in every split) to uniform noise, so a convnet learns it."""
+    patterns = np.random.default_rng(0).random((10, 28, 28, 1)) < 0.2
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, 10, count)
+    images = 0.5 * rng.random((count, 28, 28, 1), dtype=np.float32)
+    images += np.float32(0.5) * patterns[labels]
+    return images, keras.utils.to_categorical(labels, 10)
+
+
+def imdb_like(count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """`count` IMDB-shaped examples as keras-io's script prepares them: int32 (count, 200) token ids (what
+    `pad_sequences` returns) below 20,000 and integer labels 0 or 1. Each sequence carries 8 words of its class
+    (ids 1-99 or 100-198) at random places among uniform ids, so the model learns it."""
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, 2, count)
+    tokens = rng.integers(1, 20000, (count, 200))
+    words = rng.integers(1, 100, (count, 8)) + 99 * labels[:, None]
+    np.put_along_axis(tokens, rng.integers(0, 200, (count, 8)), words, axis=1)
+    return tokens.astype(np.int32), labels
+
+
+# The keras-io rows' synthetic data, by row name: `maker(count, seed)`.
+KERAS_IO_DATA = {"mnist_convnet": mnist_like, "text_transformer": imdb_like}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,21 +181,43 @@ class Workload:
     source_kwargs: dict  # for tpukit.data.synthetic; None: the row's own source
     shuffle_buffer: int = 10_000
     quick: bool = False
+    # "fit": (c) is `tpukit.fit` with the row's builder and arrays (a user's own model); "run": the row's recipe.
+    through: str = "run"
+    # The loss as the row's script names it (softmax outputs); None: class ids on logits, that is
+    # SparseCategoricalCrossentropy(from_logits=True) in plain Keras and the loss tpukit infers in (c).
+    loss: str | None = None
+    # The part of the training examples plain Keras' `fit(validation_split=...)` validates on (its last ones);
+    # (b) and (c) get the same split as arrays (`fit_arrays`), and `eval_examples` are then a separate test set.
+    validation_split: float = 0.0
 
     @property
     def source_name(self) -> str:
         return f"bench_{self.name}_quick" if self.quick else f"bench_{self.name}"
 
     @property
+    def fitted_examples(self) -> int:
+        """The examples trained on each epoch (the training examples less `validation_split`'s)."""
+        return self.train_examples - round(self.train_examples * self.validation_split)
+
+    @property
     def steps_per_epoch(self) -> int:
-        return self.train_examples // self.global_batch_size
+        return self.fitted_examples // self.global_batch_size
+
+    @property
+    def builder(self) -> Callable[[], keras.Model]:
+        """The function building the row's model (a user's own for `through="fit"` rows)."""
+        if self.model_name in BUILDERS:
+            return BUILDERS[self.model_name]
+        return lambda: MODELS[self.model_name](**self.model_kwargs)
 
     def build_model(self) -> keras.Model:
-        return (
-            mlp()
-            if self.model_name == "bench_mlp"
-            else MODELS[self.model_name](**self.model_kwargs)
-        )
+        return self.builder()
+
+    def keras_loss(self):
+        """The loss plain Keras compiles with: the script's name, or class ids on logits."""
+        if self.loss is not None:
+            return self.loss
+        return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
     def keras_optimizer(self) -> keras.optimizers.Optimizer:
         if self.optimizer == "sgd":
@@ -81,13 +225,31 @@ class Workload:
         return keras.optimizers.Adam(self.learning_rate)
 
     def arrays(self, split: str) -> tuple[np.ndarray, np.ndarray]:
-        """The split as NumPy arrays (what a plain Keras script passes to `fit`)."""
+        """The split as NumPy arrays (what a plain Keras script passes to `fit`; "train" holds every training
+        example, `validation_split`'s included)."""
+        count = self.train_examples if split == "train" else self.eval_examples
+        seed = 1 if split == "train" else 2
+        if self.name in KERAS_IO_DATA:
+            return KERAS_IO_DATA[self.name](count, seed)
         x, y = self.source(split=split).batch(1 << 30).get_single_element()
         return x.numpy(), y.numpy()
+
+    def fit_arrays(self) -> tuple[tuple[np.ndarray, np.ndarray], tuple | None]:
+        """`(x, y)` to train on and the validation arrays (None without), as a user hands them to `tpukit.fit`:
+        with `validation_split`, the training arrays' last examples, as plain Keras splits them."""
+        x, y = self.arrays("train")
+        if self.validation_split:
+            kept = self.fitted_examples
+            return (x[:kept], y[:kept]), (x[kept:], y[kept:])
+        return (x, y), (self.arrays("test") if self.eval_examples else None)
 
     def source(self, split: str = "train", input_context=None):
         if self.name == "cnn":
             return data.digits(split=split, input_context=input_context)
+        if self.name in KERAS_IO_DATA:
+            # The arrays `tpukit.fit` gets: "train" trains, any other split validates.
+            train, validation = self.fit_arrays()
+            return data.arrays(*(train if split == "train" else validation), input_context)
         count = self.train_examples if split == "train" else self.eval_examples
         return data.synthetic(
             split=split, input_context=input_context, num_examples=count, **self.source_kwargs
@@ -111,6 +273,7 @@ class Workload:
                 "optimizer": self.optimizer,
                 "learning_rate": self.learning_rate,
                 **({"momentum": 0.9} if self.optimizer == "sgd" else {}),
+                **({"loss": self.loss, "metrics": ["accuracy"]} if self.loss else {}),
             },
             "runtime": {"steps_per_execution": "auto", **runtime},
         }
@@ -132,6 +295,42 @@ def workload(name: str, quick: bool = False) -> Workload:
             1e-3,
             {"input_shape": (28, 28), "num_classes": 10},
             quick=quick,
+            through="fit",
+        )
+    if name == "mnist_convnet":
+        examples = 6400 if quick else 12_800  # 10% validated: 45 or 90 steps of 128 per epoch
+        return Workload(
+            "mnist_convnet",
+            "bench_mnist_convnet",
+            {},
+            128,
+            examples,
+            examples // 10,
+            2,
+            "adam",
+            1e-3,
+            {},
+            quick=quick,
+            through="fit",
+            loss="categorical_crossentropy",
+            validation_split=0.1,
+        )
+    if name == "text_transformer":
+        examples = 1280 if quick else 2560  # 40 or 80 steps of 32 per epoch
+        return Workload(
+            "text_transformer",
+            "bench_text_transformer",
+            {},
+            32,
+            examples,
+            examples // 4,
+            2,
+            "adam",
+            1e-3,
+            {},
+            quick=quick,
+            through="fit",
+            loss="sparse_categorical_crossentropy",
         )
     if name == "cnn":
         # digits: 1,437 train / 360 test images, 22 steps of 64 per epoch.
@@ -195,8 +394,10 @@ def workload(name: str, quick: bool = False) -> Workload:
 
 
 def register() -> None:
-    """Registers the MLP model and one data source per row and size (`bench_<row>`, `bench_<row>_quick`)."""
-    tpukit.register_model("bench_mlp", mlp)
+    """Registers the rows' own models (`BUILDERS`) and one data source per row and size (`bench_<row>`,
+    `bench_<row>_quick`)."""
+    for model_name, builder in BUILDERS.items():
+        tpukit.register_model(model_name, builder)
     for name in ROWS:
         for quick in (False, True):
             row = workload(name, quick)
