@@ -341,6 +341,10 @@ def test_help_at_every_level_is_a_manual_page_with_the_commands_own_options(
     sections += ["COMMANDS"] if command is None else ["DESCRIPTION"]
     assert all(f"\n{s}\n" in f"\n{page}" for s in sections), page
     assert option in page
+    # argparse's own layout is not left in a page: its headings, its -h line, `--tpu TPU` for `--tpu=TPU`.
+    for argparse_text in ("positional arguments:", "options:", "show this help message and exit"):
+        assert argparse_text not in page
+    assert not re.search(r"^ +--\w+ [A-Z_]+\b", page, re.MULTILINE), page
     if command is not None:
         assert page.startswith(f"NAME\n    tpukit {command} - ")
         assert cli.main(["help", command]) == 0 and capsys.readouterr().out == page
@@ -426,10 +430,11 @@ def test_train_refuses_an_unknown_recipe_before_tensorflow_loads():
     flag = run(SCRIPT, "train", "digits_cnn", "--epochs=3")
     assert flag.returncode == 2 and "Fix: see `tpukit train --help`" in flag.stderr
     missing = run(SCRIPT, "train")
-    assert missing.returncode == 2 and missing.stderr.splitlines()[-1] == (
-        "tpukit: error: one RECIPE expected, none given. Fix: name one recipe file or shipped recipe, e.g. "
-        "`tpukit train digits_cnn`; see `tpukit train --help`."
-    )
+    assert missing.returncode == 2 and missing.stderr.splitlines() == [
+        "tpukit: error: one RECIPE expected, none given. Fix: `tpukit train RECIPE [--set section.key=value ...] "
+        "[--output_dir DIR]` with one recipe file or shipped recipe, e.g. `tpukit train digits_cnn`; see "
+        "`tpukit train --help`."
+    ]
 
 
 def test_ctrl_c_outside_training_is_one_line_and_exit_130(monkeypatch, capsys):

@@ -18,7 +18,6 @@ import argparse
 import contextlib
 import dataclasses
 import difflib
-import io
 import json
 import logging
 import os
@@ -128,16 +127,40 @@ def _train_options() -> str:
 
 
 def _argparse_options(main: Callable[..., object], prog: str) -> str:
-    """The `positional arguments:` and `options:` sections of an argparse `main`'s --help."""
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
-        main(["--help"], prog=prog)
-    text = out.getvalue()
-    start = min(
-        (i for i in (text.find("positional arguments:"), text.find("options:")) if i >= 0),
-        default=len(text),
-    )
-    return text[start:].rstrip()
+    """An argparse `main`'s arguments as a manual page lists them (`RECIPE`, `--cores=N`, each with its help
+    indented below), read from the parser it builds: `parse_args` is stopped before anything runs."""
+    parsers: list[argparse.ArgumentParser] = []
+
+    def stop(self, *args, **kwargs):
+        parsers.append(self)
+        raise SystemExit(0)
+
+    parse_args = argparse.ArgumentParser.parse_args
+    argparse.ArgumentParser.parse_args = stop
+    try:
+        with contextlib.suppress(SystemExit):
+            main([], prog=prog)
+    finally:
+        argparse.ArgumentParser.parse_args = parse_args
+    lines = []
+    for action in parsers[0]._actions:  # argparse keeps no public list of its arguments
+        if isinstance(action, argparse._HelpAction):
+            continue
+        value = action.metavar or (
+            "|".join(map(str, action.choices)) if action.choices else action.dest.upper()
+        )
+        if not action.option_strings:
+            name = value
+        elif action.nargs == 0:
+            name = ", ".join(action.option_strings)
+        else:
+            name = ", ".join(f"{option}={value}" for option in action.option_strings)
+        text = (action.help or "") % {"default": action.default, "prog": prog}
+        if isinstance(action, argparse._AppendAction):
+            text += " (repeatable)" if "repeatable" not in text else ""
+        lines.append(name)
+        lines += textwrap.wrap(text, 88, initial_indent="    ", subsequent_indent="    ")
+    return "\n".join(lines)
 
 
 def _tool_options(name: str) -> Callable[[], str]:

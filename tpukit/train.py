@@ -74,9 +74,8 @@ def main(argv: list[str]) -> int:
     if len(argv) != 2:
         given = f"{len(argv) - 1} given: {' '.join(argv[1:])}" if len(argv) > 2 else "none given"
         print(
-            f"usage: {PROG} RECIPE [--set section.key=value ...] [--output_dir DIR]\n"
-            f"tpukit: error: one RECIPE expected, {given}. Fix: name one recipe file or shipped recipe, "
-            f"e.g. `{PROG} digits_cnn`; see `{HELP}`.",
+            f"tpukit: error: one RECIPE expected, {given}. Fix: `{PROG} RECIPE [--set section.key=value ...] "
+            f"[--output_dir DIR]` with one recipe file or shipped recipe, e.g. `{PROG} digits_cnn`; see `{HELP}`.",
             file=sys.stderr,
         )
         return 2

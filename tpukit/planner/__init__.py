@@ -173,7 +173,12 @@ class Plan:
                 if self.evaluating
                 else "no evaluation"
             ),
-            f"steps_per_execution {self.steps_per_execution}",
+            f"steps_per_execution {self.steps_per_execution}"
+            + (
+                " (decided when the model is built, from its FLOPs per step)"
+                if self.steps_per_execution == "auto"
+                else ""
+            ),
             f"precision {self.precision} ({self.precision_reason})",
             f"jit_compile {self.jit_compile} ({self.jit_compile_reason})",
             f"output {self.output_dir}"

@@ -365,7 +365,7 @@ def recipe_text(recipe: Recipe) -> str:
     anchor and then referenced, as the recipe wrote it, not copied out at each use.
     """
     source = " ".join(str(recipe.path).splitlines())  # one comment line, whatever the path holds
-    return f"# Resolved from {source} (with overrides applied)\n" + yaml.safe_dump(
+    return f"# Resolved from {source} (with any overrides applied)\n" + yaml.safe_dump(
         _plain(recipe.to_dict(), {}), sort_keys=False
     )
 

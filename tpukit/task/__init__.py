@@ -107,7 +107,8 @@ def count_data(recipe: Recipe, evaluating: bool) -> DataFacts:
         if explained is None:
             raise
         raise RecipeError(f"{recipe.path}: data: {explained}") from None
-    except ValueError as error:  # the source refuses its arguments when first read (no file matches)
+    except ValueError as error:
+        # The source refuses its arguments when first read here (no file matches its pattern).
         raise RecipeError(f"{recipe.path}: data: {error}") from None
     return DataFacts(train_examples, eval_examples, corrupt, labels)
 
