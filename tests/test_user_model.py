@@ -438,3 +438,20 @@ def test_validation_split_holds_out_the_last_examples_as_keras_does(tmp_path):
         with pytest.raises(RecipeError, match=match):
             tpukit.fit(build, x, y, output_dir=str(tmp_path / "bad"), **common, **bad)
     assert not (tmp_path / "bad").exists()
+
+
+def test_validation_split_cuts_where_keras_does():
+    """floor(n * (1 - fraction)) training examples (Keras 3.15's train_validation_split): 5 at 0.5 train on 2."""
+    from keras.src.trainers.data_adapters import array_slicing
+
+    from tpukit.user_model import _split_off
+
+    for total, fraction in ((5, 0.5), (12345, 0.1), (7, 0.3), (100, 0.25)):
+        x = {"a": np.arange(total), "b": np.arange(total) * 2}
+        y = np.arange(total) % 3
+        x_train, y_train, (x_val, y_val) = _split_off(x, y, fraction, None)
+        (kx, ky, _), (vx, vy, _) = array_slicing.train_validation_split((x, y, None), fraction)
+        assert len(y_train) == len(ky) and list(y_val) == list(vy), (total, fraction)
+        assert list(x_train["b"]) == list(kx["b"]) and list(x_val["a"]) == list(vx["a"])
+    with pytest.raises(RecipeError, match="leaves no training example"):
+        _split_off(np.arange(1), np.arange(1), 0.5, None)

@@ -223,7 +223,8 @@ def fit(
 
 def _split_off(x, y, fraction, validation_data) -> tuple:
     """`(x_train, y_train, (x_val, y_val))`: the last `fraction` of the examples held out, as Keras'
-    `validation_split` does (`split_at = ceil(n * (1 - fraction))`, before shuffling)."""
+    `validation_split` does (`split_at = floor(n * (1 - fraction))`, before shuffling: Keras 3.15's
+    `keras/src/trainers/data_adapters/array_slicing.py`, `train_validation_split`)."""
     import math
 
     number = isinstance(fraction, (int, float)) and not isinstance(fraction, bool)
@@ -239,11 +240,13 @@ def _split_off(x, y, fraction, validation_data) -> tuple:
             f"tpukit.fit: validation_split={fraction!r}: {problem}. Fix: e.g. validation_split=0.1 with x and "
             "y, or validation_data=(x_val, y_val) instead."
         )
-    split_at = math.ceil(_length(x, "x") * (1.0 - fraction))
-    if split_at >= _length(x, "x"):
+    total = _length(x, "x")
+    split_at = math.floor(total * (1.0 - fraction))
+    if split_at == 0 or split_at == total:
+        left = "no training example" if split_at == 0 else "no validation example"
         raise RecipeError(
-            f"tpukit.fit: validation_split={fraction!r} of {_length(x, 'x')} examples leaves no validation "
-            "example. Fix: a larger fraction, or more examples."
+            f"tpukit.fit: validation_split={fraction!r} of {total} examples leaves {left}. Fix: another "
+            "fraction, or more examples."
         )
 
     def part(arrays, piece: slice):
