@@ -217,7 +217,7 @@ def training_batches(
         # A cache fills only when a pass reaches its end: an epoch plus the shuffle buffer's read-ahead that stops
         # short reads the source (and its decoding) again every epoch, which keeps the autotuning model.
         count = int(examples.cardinality())
-        in_memory = count >= 0 and steps_per_epoch * per_step * batch + shuffle_buffer >= count
+        in_memory = count >= 0 and steps_per_epoch * per_step * batch + shuffle_buffer > count
     if steps_per_epoch and repeat:
         batches = _epochs(
             examples,
