@@ -12,6 +12,7 @@ import tensorflow as tf
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 LAYERS = """
+import jax  # a jax-engine user's module may; the exporting process keeps jax out of its own imports
 import keras
 
 
@@ -47,8 +48,10 @@ print("EXPORTED", json.dumps(sorted(metrics["exported"])))
 """
 
 
-def _fit(tmp_path, where: str):
-    (tmp_path / "mylayers.py").write_text(LAYERS)
+def _fit(tmp_path, where: str, broken: bool = False):
+    # broken: the module raises outside the jax run (the exporting process is Keras on TensorFlow).
+    guard = 'import os\nif os.environ["KERAS_BACKEND"] != "jax":\n    raise RuntimeError("only in the run")\n'
+    (tmp_path / "mylayers.py").write_text((guard if broken else "") + LAYERS)
     (tmp_path / "script.py").write_text(textwrap.dedent(SCRIPT))
     env = dict(os.environ, KERAS_BACKEND="jax", TF_CPP_MIN_LOG_LEVEL="2")
     env["PYTHONPATH"] = os.pathsep.join([REPO, env.get("PYTHONPATH", "")])
@@ -81,3 +84,10 @@ def test_a_layer_defined_in_the_script_leaves_model_keras_and_says_the_fix(tmp_p
     assert exported == ["keras"] and (out / "model.keras").exists()
     assert "Could not locate class 'PlusOne'" in stderr
     assert "Fix: define the model's own layers in a module of yours" in stderr
+
+
+def test_a_module_that_cannot_load_in_the_exporting_process_is_named(tmp_path):
+    out, exported, stderr = _fit(tmp_path, "module", broken=True)
+    assert exported == ["keras"] and (out / "model.keras").exists()
+    assert "could not import mylayers: RuntimeError: only in the run" in stderr
+    assert "Fix: define the model's own layers" not in stderr  # they are in a module already

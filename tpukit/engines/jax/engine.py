@@ -587,7 +587,7 @@ def _export(session: Session, outcome) -> dict[str, str]:
             time.time() - started,
         )
     else:
-        if "Could not locate class" in failure:
+        if "Could not locate class" in failure and "could not import" not in failure:
             failure += (
                 ". Fix: define the model's own layers in a module of yours that the script imports (the exporting "
                 "process imports it; it cannot import the script you run), or train with runtime.engine=tensorflow, "

@@ -81,7 +81,9 @@ class SavedModelExport:
         self._log.seek(0)
         lines = self._log.read().strip().splitlines()
         self._close_log()
-        return (lines or [f"(no output; exit status {code})"])[-1][:500]
+        last = (lines or [f"(no output; exit status {code})"])[-1][:500]
+        imports = [line[:300] for line in lines if line.startswith("tpukit: could not import ")]
+        return "; ".join([*imports, last])  # why a user's module did not load, then why the export failed
 
     def close(self) -> None:
         """Ends the process if it is still waiting (or importing, or paused); nothing is written then."""
@@ -164,11 +166,12 @@ def _user_classes(keras_path: str, search_path: list[str]) -> dict:
     import importlib
     import zipfile
 
-    for entry in search_path:
-        if entry not in sys.path:
-            sys.path.append(
-                entry
-            )  # after this process's own entries, so tpukit and Keras stay the installed ones
+    # The run's own order, so a module of the user's named like an installed one resolves as it did in the run.
+    sys.path[:0] = [entry for entry in search_path if entry not in sys.path]
+    # The modules kept out of this process's imports (`main`) may be what a user's module imports (jax).
+    for unused in ("sklearn", "matplotlib", "jax"):
+        if unused in sys.modules and sys.modules[unused] is None:
+            del sys.modules[unused]
     with zipfile.ZipFile(keras_path) as archive:
         config = json.loads(archive.read("config.json"))
     found: dict = {}
@@ -183,7 +186,8 @@ def _user_classes(keras_path: str, search_path: list[str]) -> dict:
             ):
                 try:
                     value = getattr(importlib.import_module(module), name, None)
-                except Exception:  # noqa: BLE001 - a module that cannot load here: Keras says which class is missing
+                except Exception as error:  # noqa: BLE001 - said, then Keras names the class it misses
+                    print(f"tpukit: could not import {module}: {type(error).__name__}: {error}")
                     value = None
                 if value is not None:
                     found[name] = value
