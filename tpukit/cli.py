@@ -155,7 +155,10 @@ def _argparse_options(main: Callable[..., object], prog: str) -> str:
             name = ", ".join(action.option_strings)
         else:
             name = ", ".join(f"{option}={value}" for option in action.option_strings)
-        text = (action.help or "") % {"default": action.default, "prog": prog}
+        try:  # argparse's own %(default)s and %(prog)s; any other % is left as written
+            text = (action.help or "") % {"default": action.default, "prog": prog}
+        except (KeyError, TypeError, ValueError):
+            text = action.help or ""
         if isinstance(action, argparse._AppendAction):
             text += " (repeatable)" if "repeatable" not in text else ""
         lines.append(name)
