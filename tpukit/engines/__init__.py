@@ -86,7 +86,11 @@ def _freeze_the_imports() -> None:
     _frozen = True
     # Before TensorFlow is imported the heap is small; after (a script that imported Keras itself) this walk
     # takes ~0.1 s on the 2-core CPU, a tenth of the exit it saves.
-    writing = [weakref.ref(o) for o in gc.get_objects() if _open_for_writing(o)]
+    writing = []
+    for candidate in gc.get_objects():
+        if _open_for_writing(candidate):
+            with contextlib.suppress(TypeError):  # a file type without weak references: not watched
+                writing.append(weakref.ref(candidate))
     gc.freeze()
     atexit.register(_flush_at_exit, writing)
 
