@@ -83,9 +83,8 @@ class SavedModelExport:
         self._close_log()
         last = (lines or [f"(no output; exit status {code})"])[-1][:500]
         imports = [line[:300] for line in lines if line.startswith("tpukit: could not import ")]
-        return "; ".join(
-            [*imports, last]
-        )  # why a user's module did not load, then why the export failed
+        # Why a user's module did not load, then why the export failed.
+        return "; ".join([*imports, last])
 
     def close(self) -> None:
         """Ends the process if it is still waiting (or importing, or paused); nothing is written then."""
