@@ -366,11 +366,13 @@ def test_the_script_and_python_m_tpukit_print_the_same_manual():
 
 
 def test_version_and_verbose(capsys, monkeypatch):
-    monkeypatch.delenv("TPUKIT_VERBOSE", raising=False)
+    # setenv records the variable's state before the test, so the "1" the CLI sets is undone after it (a later
+    # test's subprocesses would otherwise start verbose).
+    monkeypatch.setenv("TPUKIT_VERBOSE", "")
     assert cli.main(["--version"]) == 0 and capsys.readouterr().out == "tpukit 0.1.0\n"
     assert cli.main(["--verbose", "recipes", "--json"]) == 0
     assert os.environ["TPUKIT_VERBOSE"] == "1"
-    monkeypatch.delenv("TPUKIT_VERBOSE")
+    monkeypatch.setenv("TPUKIT_VERBOSE", "")
     assert cli.main(["recipes", "--json", "--verbose"]) == 0  # after the command too
     assert os.environ["TPUKIT_VERBOSE"] == "1"
 
