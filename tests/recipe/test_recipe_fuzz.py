@@ -28,7 +28,6 @@ import inspect
 import io
 import math
 import os
-import re
 import typing
 
 import pytest
@@ -39,6 +38,7 @@ from hypothesis import strategies as st
 
 from tpukit import recipe as recipe_lib
 from tpukit.recipe import RecipeError, load_recipe
+from tpukit.recipe.catalogue import fill_placeholders
 
 FAST_EXAMPLES = int(os.environ.get("TPUKIT_FUZZ_EXAMPLES", 150))
 SLOW_EXAMPLES = int(os.environ.get("TPUKIT_FUZZ_EXAMPLES", 3000))
@@ -58,14 +58,7 @@ SLOW = settings(
 SHIPPED = sorted(glob.glob(os.path.join(RECIPES, "*.yaml")))
 # A placeholder a shipped recipe leaves for the user (`gs://YOUR_BUCKET/...`) filled in as its fix says, so every
 # mutation is judged on its own (a recipe still holding one is refused before run: tests/test_train_cli.py).
-TEXTS = {
-    path: re.sub(
-        r"YOUR_[A-Z0-9_]*[A-Z0-9]",
-        lambda found: found[0].lower().replace("_", "-"),
-        open(path, encoding="utf-8").read(),
-    )
-    for path in SHIPPED
-}
+TEXTS = {path: fill_placeholders(open(path, encoding="utf-8").read()) for path in SHIPPED}
 RAWS = {path: yaml.safe_load(text) for path, text in TEXTS.items()}
 SECTIONS = ("model", "data", "train", "runtime")
 INT64_MAX = 2**63 - 1

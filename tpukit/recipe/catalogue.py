@@ -116,6 +116,11 @@ def recipe_name(path: str) -> str:
 _PLACEHOLDER = re.compile(r"YOUR_[A-Z0-9_]*[A-Z0-9]")
 
 
+def fill_placeholders(text: str) -> str:
+    """`gs://YOUR_BUCKET/...` -> `gs://your-bucket/...`: each placeholder as the fix spells a value of yours."""
+    return _PLACEHOLDER.sub(lambda m: m[0].lower().replace("_", "-"), text)
+
+
 def placeholder_error(recipe: Recipe) -> str | None:
     """The error for a `data` value that is still a placeholder (`YOUR_BUCKET`), naming the key, the value and the
     fix; None when there is none. `train` and `show` refuse it before connecting: read as it is, the path fails in
@@ -123,7 +128,7 @@ def placeholder_error(recipe: Recipe) -> str | None:
     for key, value in recipe.data.options.items():
         found = _PLACEHOLDER.search(value) if isinstance(value, str) else None
         if found:
-            yours = _PLACEHOLDER.sub(lambda m: m[0].lower().replace("_", "-"), value)
+            yours = fill_placeholders(value)
             what = found[0].removeprefix("YOUR_").lower().replace("_", " ")
             return (
                 f"{recipe.path}: data.{key}={value!r} is the recipe's placeholder ({found[0]}), not your data. "

@@ -36,7 +36,7 @@ from tpukit.engines.tensorflow import callbacks as callbacks_lib
 from tpukit.engines.tensorflow import engine as tf_engine
 from tpukit.engines.tensorflow import flops, trainer
 from tpukit.engines.tensorflow.checkpoint import CheckpointCorruptError, CheckpointMismatchError
-from tpukit.engines.tensorflow.strategy import plural
+from tpukit.engines.tensorflow.strategy import first_four, plural
 from tpukit.models.layouts import DEFAULT_LAYOUTS
 from tpukit.planner import CheckpointFacts, Hardware, Plan
 from tpukit.planner.layouts import Layouts
@@ -171,8 +171,7 @@ def describe(mesh: Mesh, requested: dict | None = None) -> str:
         # A device_kind reads "TPU v4" or "NVIDIA H100 80GB HBM3"; a CPU's is "cpu".
         kind = "CPU" if device.platform == "cpu" else device.device_kind
         kinds[kind] = kinds.get(kind, 0) + 1
-    names = [str(device) for device in mesh.devices]
-    shown = ", ".join(names[:4]) + (f", ... ({len(names)} in all)" if len(names) > 4 else "")
+    shown = first_four([str(device) for device in mesh.devices])
     on = " and ".join(plural(n, f"{kind} device") for kind, n in kinds.items())
     processes = f" in {mesh.processes} processes" if mesh.processes > 1 else ""
     asked = (

@@ -32,6 +32,9 @@ import subprocess
 import sys
 import tempfile
 
+# What `main` keeps out of this process's imports (see there).
+UNUSED_HERE = ("sklearn", "matplotlib", "jax")
+
 # Pausing needs the kernel to end a paused process whose parent died (PR_SET_PDEATHSIG): Linux only.
 _PAUSABLE = sys.platform.startswith("linux") and hasattr(signal, "SIGSTOP")
 
@@ -144,7 +147,7 @@ def main(argv: list[str]) -> int:
     # Modules Keras and TensorFlow import when installed that loading and exporting a model never use (Keras'
     # scikit-learn wrappers and plot utilities, TFLite's JAX hooks): an import of a name set to None raises
     # ImportError, which each of them catches. ~1.2 s of the ~3.5 s of imports on a 2-core CPU.
-    for unused in ("sklearn", "matplotlib", "jax"):
+    for unused in UNUSED_HERE:
         sys.modules.setdefault(unused, None)
     import keras  # noqa: F401 - imported now, while the run builds its model: `export.main` needs it
 
@@ -170,7 +173,7 @@ def _user_classes(keras_path: str, search_path: list[str]) -> dict:
     # The run's own order, so a module of the user's named like an installed one resolves as it did in the run.
     sys.path[:0] = [entry for entry in search_path if entry not in sys.path]
     # The modules kept out of this process's imports (`main`) may be what a user's module imports (jax).
-    for unused in ("sklearn", "matplotlib", "jax"):
+    for unused in UNUSED_HERE:
         if unused in sys.modules and sys.modules[unused] is None:
             del sys.modules[unused]
     with zipfile.ZipFile(keras_path) as archive:

@@ -689,9 +689,12 @@ def devices_in_words(names: list[str]) -> str:
     kinds = " and ".join(
         plural(n, DEVICE_WORDS.get(kind, f"{kind} device")) for kind, n in counts.items()
     )
-    short = [name.removeprefix(_LOCAL) for name in names]
-    shown = ", ".join(short[:4]) + (f", ... ({len(short)} in all)" if len(short) > 4 else "")
-    return f"{kinds} ({shown})"
+    return f"{kinds} ({first_four([name.removeprefix(_LOCAL) for name in names])})"
+
+
+def first_four(names: list[str]) -> str:
+    """`a, b, c, d, ... (8 in all)`: the names a start line shows."""
+    return ", ".join(names[:4]) + (f", ... ({len(names)} in all)" if len(names) > 4 else "")
 
 
 def describe(strategy, reason: str = "") -> str:
