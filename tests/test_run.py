@@ -1,6 +1,8 @@
 """run() in-process: resume from a checkpoint, a 2-replica run on 2 virtual CPUs, batch-size checks."""
 
 import glob
+import json
+import zipfile
 
 import pytest
 from conftest import mirrored
@@ -215,3 +217,48 @@ def test_a_peak_cached_under_load_is_timed_again_and_mfu_stays_at_most_one(tmp_p
     assert timed > 1e8 and metrics["peak_flops"] == timed
     assert metrics["peak_flops_source"].startswith("timed again float32 2048x2048 matmul peak")
     assert 0 < metrics["mfu"] <= 1
+
+
+def _tiny_lm(**runtime):
+    return from_dict(
+        {
+            "model": {
+                "name": "causal_lm",
+                "vocab_size": 16,
+                "sequence_length": 8,
+                "num_layers": 1,
+                "hidden_dim": 16,
+                "num_heads": 2,
+                "mlp_dim": 32,
+            },
+            "data": {
+                "source": "synthetic",
+                "input_shape": [8],
+                "label_shape": [8],
+                "integer_inputs": True,
+                "num_classes": 16,
+                "num_examples": 64,
+                "global_batch_size": 16,
+                "eval_split": None,
+                "shuffle_buffer": 1,
+            },
+            "train": {"epochs": 1, "optimizer": "adam", "learning_rate": 0.001},
+            "runtime": {"verbose": 0, **runtime},
+        },
+        "lm.yaml",
+    )
+
+
+def test_a_cpu_run_compiles_an_attention_model_with_xla_and_a_cnn_without(tmp_path):
+    metrics = run(_tiny_lm(), str(tmp_path / "lm"))
+    assert metrics["jit_compile"] is True
+    assert "attention layers (SelfAttention)" in metrics["jit_compile_reason"]
+    # model.keras keeps the choice in its compile config, as if compile had been given it
+    with zipfile.ZipFile(tmp_path / "lm" / "model.keras") as saved:
+        config = json.loads(saved.read("config.json"))
+    assert config["compile_config"]["jit_compile"] is True
+    cnn = run(recipe(), str(tmp_path / "cnn"))
+    assert cnn["jit_compile"] is False and "no attention layers" in cnn["jit_compile_reason"]
+    # the recipe's own setting is kept
+    own = run(_tiny_lm(jit_compile=False), str(tmp_path / "own"))
+    assert own["jit_compile"] is False and own["jit_compile_reason"] == "set in the recipe"

@@ -32,11 +32,42 @@ def test_explicit_precision_is_kept():
         ("multi_worker", 4, False),
         ("mirrored", 1, True),
         ("one_device", 1, True),
-        ("default", 1, False),  # CPU: measured slower with XLA
+        (
+            "default",
+            1,
+            "auto",
+        ),  # CPU: decided from the built model's layers (choose_cpu_jit_compile)
     ],
 )
 def test_auto_jit_compile(kind, replicas, expected):
-    assert choose_jit_compile("auto", kind, replicas).value is expected
+    assert choose_jit_compile("auto", kind, replicas).value == expected
+    assert type(choose_jit_compile("auto", kind, replicas).value) is type(expected)
+
+
+def test_a_cpu_compiles_attention_models_with_xla_and_nothing_else():
+    import keras
+
+    from tpukit.models.layers import SelfAttention
+    from tpukit.planner.hardware import choose_cpu_jit_compile
+
+    class OwnAttention(keras.layers.MultiHeadAttention):  # a user's subclass counts
+        pass
+
+    for classes in (
+        {keras.layers.Dense, keras.layers.MultiHeadAttention},
+        {keras.layers.Embedding, SelfAttention},
+        {keras.layers.Conv2D, OwnAttention},
+        {keras.layers.GroupQueryAttention},
+    ):
+        decision = choose_cpu_jit_compile(classes)
+        assert decision.value is True and "attention layers" in decision.reason
+    for classes in (
+        {keras.layers.Dense},
+        {keras.layers.Conv2D, keras.layers.BatchNormalization},
+        set(),
+    ):
+        decision = choose_cpu_jit_compile(classes)
+        assert decision.value is False and "no attention layers" in decision.reason
 
 
 def test_forced_xla_over_mirrored_replicas_is_refused_with_the_fix():

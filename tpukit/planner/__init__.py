@@ -122,7 +122,7 @@ class Plan:
     eval_steps: int | None  # global steps of one pass over the eval split; None without evaluation
     precision: str
     precision_reason: str
-    jit_compile: bool
+    jit_compile: bool | str  # "auto": decided by the engine once the model is built (a CPU)
     jit_compile_reason: str
     output_dir: str
     checkpoint_dir: str

@@ -2,10 +2,12 @@
 
 Measured with `benchmarks/precision_xla.py` on a 2-core x86 CPU (AVX512_BF16, oneDNN on), TF 2.21 / Keras 3.15,
 digits_cnn: float32 without XLA is the fastest; XLA-compiled float32 ran at 0.3-0.6x of it and mixed_bfloat16 at
-~0.5x with or without XLA (without oneDNN, bf16 without XLA was ~15x slower). So CPUs train in
-float32 without XLA; the tests still compile every model with XLA on the CPU, as the TPU-readiness proxy. TPUs
-always compile the step and are built for bfloat16. Keras' own `jit_compile="auto"` turns XLA off under every
-tf.distribute strategy, including a single GPU, so tpukit decides.
+~0.5-1.0x with or without XLA (without oneDNN, bf16 without XLA was ~15x slower). So CPUs train in float32. Whether
+XLA helps a CPU depends on the model (`choose_cpu_jit_compile`, decided once the model is built): it fuses the
+softmax, masking and normalization around attention's small matmuls, and it loses to oneDNN's convolution and
+large matmul kernels. The tests still compile every model with XLA on the CPU, as the TPU-readiness proxy. TPUs
+always compile the step and are built for bfloat16. Keras' own `jit_compile="auto"` turns XLA off on every CPU-only
+machine and under every tf.distribute strategy, including a single GPU, so tpukit decides.
 """
 
 from __future__ import annotations
@@ -77,9 +79,41 @@ def choose_jit_compile(requested, kind: str, replicas: int) -> Decision:
         return Decision(False, f"XLA cannot span the {replicas} replicas of a {kind} strategy")
     if kind == "default":
         return Decision(
-            False, "on this kind of CPU XLA made the step 2-3x slower (benchmarks/precision_xla.py)"
+            "auto", "on a CPU: decided when the model is built, from its layers (attention: XLA)"
         )
     return Decision(
         True,
         "XLA-compiled train step on the GPU (Keras' 'auto' would turn it off under a strategy)",
+    )
+
+
+# Attention layers by class name, Keras' and tpukit's; a subclass counts (keras-hub's CachedMultiHeadAttention, a
+# user's own), since the bases of every layer's class are read too.
+# (keras.layers.GroupQueryAttention's class is named GroupedQueryAttention.)
+ATTENTION_LAYERS = frozenset({"MultiHeadAttention", "GroupedQueryAttention", "SelfAttention"})
+
+
+def choose_cpu_jit_compile(layer_classes) -> Decision:
+    """`jit_compile` for a model on the CPU (the default strategy, `runtime.jit_compile: auto`), from the classes
+    of its layers (every nested layer's class, with its bases).
+
+    Measured on a 2-core x86 CPU (TF 2.21, Keras 3.15; `benchmarks/precision_xla.py` and the rows of
+    `benchmarks/vs_keras.py`, XLA against no XLA at tpukit's steps_per_execution, the best of 3): XLA made the step
+    1.21x (keras-io's text classification transformer) and 1.51x (causal_lm, 2 layers of width 128; 1.58x for the
+    textfiles_char_lm recipe at steps_per_execution 1) and 1.45x (cifar10_vit's ViT on random images, batch 64)
+    faster, and
+    0.13x (a 784-128-10 MLP at batch 1024), 0.17x (keras-io's mnist_convnet), 0.57-0.76x (small CNNs) and 0.62x
+    (ResNet-8) as fast.
+    """
+    names = {cls.__name__ for layer_class in layer_classes for cls in layer_class.__mro__}
+    attention = sorted(names & ATTENTION_LAYERS)
+    if attention:
+        return Decision(
+            True,
+            f"the model has attention layers ({', '.join(attention)}): on a CPU XLA made such steps 1.2-1.6x "
+            "faster (tpukit.planner.hardware)",
+        )
+    return Decision(
+        False,
+        "no attention layers: on a CPU XLA made convolution and dense steps 1.3-8x slower (tpukit.planner.hardware)",
     )

@@ -36,6 +36,7 @@ from tpukit.engines.tensorflow import strategy as strategy_lib
 from tpukit.engines.tensorflow.export import export_model, io_device_for
 from tpukit.environment import diagnose
 from tpukit.planner import CheckpointFacts, Hardware, Plan
+from tpukit.planner import hardware as hardware_choices
 from tpukit.planner import steps as steps_lib
 from tpukit.recipe import Recipe, RecipeError
 
@@ -123,13 +124,9 @@ def _compiled(
     labels=None,
 ):
     with strategy.scope():
-        model = task.build_model(
+        return task.build_model(
             recipe, total_steps, jit, steps_per_execution, resuming=resuming, labels=labels
         )
-        # Keras' TensorFlow optimizers apply a repeated embedding id's gradient once per occurrence
-        # (tensorflow/tensorflow#28090): one summed gradient per row, as the optimizer's definition (and JAX) says.
-        sparse.combine_repeated_ids(model.optimizer)
-        return model
 
 
 def decide_steps_per_execution(
@@ -164,6 +161,27 @@ def decide_steps_per_execution(
     keras_private.record_steps_per_execution(model, chosen)
     logger.info("tpukit: steps_per_execution auto -> %d (%s)", chosen, _decision_text(why))
     return the_plan.resolved(chosen), why
+
+
+def decide_jit_compile(the_plan: Plan, model) -> Plan:
+    """The plan with `jit_compile: "auto"` (a CPU) decided from the built model's layers
+    (`tpukit.planner.hardware.choose_cpu_jit_compile`), set on `model` before its train function is made, and kept
+    in the compile config `model.keras` saves. Any other plan is returned as it is."""
+    if the_plan.jit_compile != "auto":
+        return the_plan
+    decision = hardware_choices.choose_cpu_jit_compile(keras_private.layer_classes(model))
+    reason = decision.reason
+    if decision.value:
+        model.jit_compile = (
+            True  # Keras' setter turns it off, with a warning, where the model cannot compile
+        )
+        if not model.jit_compile:
+            reason = f"{reason}; but Keras says this model cannot be compiled with XLA"
+    keras_private.record_jit_compile(model, bool(model.jit_compile))
+    logger.info("tpukit: jit_compile auto -> %s (%s)", bool(model.jit_compile), reason)
+    return dataclasses.replace(
+        the_plan, jit_compile=bool(model.jit_compile), jit_compile_reason=reason
+    )
 
 
 def _decision_text(why: dict) -> str:
@@ -334,7 +352,7 @@ def build(the_plan: Plan) -> Session:
             recipe,
             the_plan.strategy,
             the_plan.total_steps,
-            the_plan.jit_compile,
+            the_plan.jit_compile is True,
             1 if auto else the_plan.steps_per_execution,
             resuming=the_plan.resume_step > 0,
             labels=the_plan.labels,
@@ -343,6 +361,13 @@ def build(the_plan: Plan) -> Session:
         raise
     except ValueError as error:  # builder or optimizer arguments that do not fit together
         raise RecipeError(f"{recipe.path}: {error}") from None
+    the_plan = decide_jit_compile(the_plan, model)
+    # Keras' TensorFlow optimizers apply a repeated embedding id's gradient once per occurrence
+    # (tensorflow/tensorflow#28090): one summed gradient per row, as the optimizer's definition (and JAX) says;
+    # dense where the step is compiled with XLA (see sparse.py).
+    sparse.combine_repeated_ids(
+        model.optimizer, dense=the_plan.jit_compile is True or the_plan.strategy_kind == "tpu"
+    )
     flops_per_example = flops.model_flops_per_example(model)
     peak_flops, peak_source = (None, "")
     if the_plan.training:
@@ -547,6 +572,7 @@ def report(session: Session, outcome, evaluation: dict, exported: dict) -> dict:
         "replicas": the_plan.replicas,
         "precision": the_plan.precision,
         "jit_compile": the_plan.jit_compile,
+        "jit_compile_reason": the_plan.jit_compile_reason,
         "steps_per_execution": the_plan.steps_per_execution,
         "steps_per_execution_decision": session.decision,
         "global_batch_size": the_plan.global_batch_size,

@@ -156,6 +156,23 @@ def record_steps_per_execution(model, steps_per_execution: int) -> None:
         config["steps_per_execution"] = steps_per_execution
 
 
+def record_jit_compile(model, jit_compile: bool) -> None:
+    """Sets `jit_compile` in the compile config a saved `.keras` file keeps, as `record_steps_per_execution` does:
+    on a CPU tpukit compiles without XLA and decides once the model is built (`Trainer.jit_compile`'s setter is
+    public; the config is not). Tested: Keras 3.15.x."""
+    config = getattr(getattr(model, "_compile_config", None), "config", None)
+    if isinstance(config, dict) and "jit_compile" in config:
+        config["jit_compile"] = jit_compile
+
+
+def layer_classes(model) -> set[type]:
+    """The classes of every layer in `model`, nested ones included (a layer kept as another layer's attribute,
+    which `model.layers` does not list). Keras 3 has no public recursive listing: `Layer._flatten_layers`
+    (keras/src/layers/layer.py) is what `Layer.summary` and weight tracking walk. No upstream issue. Tested: Keras
+    3.15.x."""
+    return {type(layer) for layer in model._flatten_layers(include_self=True, recursive=True)}
+
+
 def profiled_float_ops(graph, op_type_regexes: list[str]) -> int:
     """FLOPs TensorFlow's profiler counts in `graph` for the ops whose type matches one of `op_type_regexes`.
 
