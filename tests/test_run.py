@@ -249,8 +249,20 @@ def _tiny_lm(**runtime):
     )
 
 
-def test_a_cpu_run_compiles_an_attention_model_with_xla_and_a_cnn_without(tmp_path):
+def test_a_cpu_run_compiles_an_attention_model_with_xla_and_a_cnn_without(tmp_path, monkeypatch):
+    from tpukit.engines.tensorflow import sparse
+
+    asked = []
+    original = sparse.combine_repeated_ids
+    monkeypatch.setattr(
+        sparse,
+        "combine_repeated_ids",
+        lambda optimizer, dense=False: asked.append(dense) or original(optimizer, dense),
+    )
     metrics = run(_tiny_lm(), str(tmp_path / "lm"))
+    assert asked == [
+        True
+    ]  # the repeated token ids are summed densely: the step is compiled with XLA
     assert metrics["jit_compile"] is True
     assert "attention layers (SelfAttention)" in metrics["jit_compile_reason"]
     # model.keras keeps the choice in its compile config, as if compile had been given it
@@ -258,7 +270,8 @@ def test_a_cpu_run_compiles_an_attention_model_with_xla_and_a_cnn_without(tmp_pa
         config = json.loads(saved.read("config.json"))
     assert config["compile_config"]["jit_compile"] is True
     cnn = run(recipe(), str(tmp_path / "cnn"))
-    assert cnn["jit_compile"] is False and "no attention layers" in cnn["jit_compile_reason"]
+    assert asked == [True, False]
+    assert cnn["jit_compile"] is False and "no MultiHeadAttention" in cnn["jit_compile_reason"]
     # the recipe's own setting is kept
     own = run(_tiny_lm(jit_compile=False), str(tmp_path / "own"))
     assert own["jit_compile"] is False and own["jit_compile_reason"] == "set in the recipe"

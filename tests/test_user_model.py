@@ -455,3 +455,67 @@ def test_validation_split_cuts_where_keras_does():
         assert list(x_train["b"]) == list(kx["b"]) and list(x_val["a"]) == list(vx["a"])
     with pytest.raises(RecipeError, match="leaves no training example"):
         _split_off(np.arange(1), np.arange(1), 0.5, None)
+
+
+def _attention_model(with_py_function: bool):
+    import keras
+    import tensorflow as tf
+
+    class HostSide(keras.layers.Layer):
+        """An op XLA has no kernel for (`tf.py_function`), as a user's layer may hold."""
+
+        def call(self, x):
+            y = tf.py_function(lambda t: t * 1.0, [x], tf.float32)
+            y.set_shape(x.shape)
+            return y
+
+    inputs = keras.Input((4, 8))
+    x = keras.layers.MultiHeadAttention(num_heads=2, key_dim=4)(inputs, inputs)
+    if with_py_function:
+        x = HostSide()(x)
+    outputs = keras.layers.Dense(2)(keras.layers.GlobalAveragePooling1D()(x))
+    return keras.Model(inputs, outputs)
+
+
+@pytest.mark.parametrize("with_py_function", [False, True], ids=["xla", "no-xla-kernel"])
+def test_fit_compiles_an_attention_model_with_xla_or_trains_it_without(
+    tmp_path, with_py_function, caplog
+):
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(64, 4, 8)).astype("float32"), rng.integers(0, 2, 64).astype("int32")
+    metrics = tpukit.fit(
+        lambda: _attention_model(with_py_function),
+        x,
+        y,
+        epochs=1,
+        batch_size=16,
+        output_dir=str(tmp_path / "run"),
+        verbose=0,
+    )
+    assert metrics["step"] == 4
+    if not with_py_function:
+        assert (
+            metrics["jit_compile"] is True and "MultiHeadAttention" in metrics["jit_compile_reason"]
+        )
+        return
+    # XLA was tpukit's own choice: a step it cannot compile trains as before, and every record says so
+    assert metrics["jit_compile"] is False
+    assert "XLA could not compile this model's step" in metrics["jit_compile_reason"]
+    assert "EagerPyFunc" in metrics["jit_compile_reason"]
+    assert "training without XLA" in caplog.text
+    import zipfile
+
+    with zipfile.ZipFile(tmp_path / "run" / "model.keras") as saved:
+        assert json.loads(saved.read("config.json"))["compile_config"]["jit_compile"] is False
+    # asked for by the user, XLA is not second-guessed: the error is raised
+    with pytest.raises(Exception, match="EagerPyFunc|unsupported operations"):
+        tpukit.fit(
+            lambda: _attention_model(True),
+            x,
+            y,
+            epochs=1,
+            batch_size=16,
+            output_dir=str(tmp_path / "forced"),
+            verbose=0,
+            jit_compile=True,
+        )

@@ -115,5 +115,6 @@ def choose_cpu_jit_compile(layer_classes) -> Decision:
         )
     return Decision(
         False,
-        "no attention layers: on a CPU XLA made convolution and dense steps 1.3-8x slower (tpukit.planner.hardware)",
+        "no MultiHeadAttention, GroupedQueryAttention or SelfAttention layer: on a CPU XLA made convolution and "
+        "dense steps 1.3-8x slower (tpukit.planner.hardware)",
     )

@@ -184,6 +184,52 @@ def decide_jit_compile(the_plan: Plan, model) -> Plan:
     )
 
 
+# What TensorFlow raises when XLA cannot compile an op of the step (measured: a `tf.py_function` in a layer, TF 2.21:
+# "Detected unsupported operations when trying to compile graph ... on XLA_CPU_JIT: EagerPyFunc").
+_XLA_CANNOT_COMPILE = re.compile(
+    r"unsupported operations when trying to compile graph|XLA compilation requires|"
+    r"(?:No registered '\w+' OpKernel|not compilable).*XLA",
+    re.DOTALL,
+)
+
+
+def _xla_fallback(session) -> Callable[[BaseException], bool] | None:
+    """Where this engine chose XLA itself (`jit_compile: auto` on a CPU, for attention layers), a step that XLA
+    cannot compile (an op with no XLA kernel, such as `tf.py_function`) trains without XLA, as it did before tpukit
+    chose it, with a warning; the plan, `metrics.json` and `model.keras` say so. None elsewhere: an XLA the recipe
+    asked for fails as it is."""
+    the_plan = session.plan
+    if not (
+        the_plan.jit_compile is True
+        and the_plan.strategy_kind == "default"
+        and the_plan.recipe.runtime.jit_compile == "auto"
+    ):
+        return None
+
+    def fall_back(error: BaseException) -> bool:
+        text = f"{type(error).__name__}: {error}"
+        if not isinstance(error, tf.errors.OpError) or not _XLA_CANNOT_COMPILE.search(text):
+            return False
+        model = session.model
+        model.jit_compile = False
+        model.train_function = None  # made again, without XLA, by the next fit
+        keras_private.record_jit_compile(model, False)
+        first = next((line for line in str(error).splitlines() if "unsupported" in line), "")
+        reason = (
+            f"{the_plan.jit_compile_reason}; but XLA could not compile this model's step "
+            f"({first.strip()[:200] or type(error).__name__}), so it trains without XLA"
+        )
+        session.plan = dataclasses.replace(the_plan, jit_compile=False, jit_compile_reason=reason)
+        logger.warning(
+            "tpukit: XLA could not compile the train step (%s); training without XLA. Set "
+            "runtime.jit_compile: false (tpukit.fit(jit_compile=False)) to skip this attempt",
+            first.strip()[:200] or type(error).__name__,
+        )
+        return True
+
+    return fall_back
+
+
 def _decision_text(why: dict) -> str:
     if "estimated_step_seconds" not in why:
         return why["rule"]
@@ -464,6 +510,7 @@ def fit_session(session, train_dataset, eval_dataset, callbacks: list):
         validation_steps=the_plan.eval_steps,
         validation_freq=recipe.train.eval_every_epochs,
         verbose=_verbose(recipe.runtime.verbose),
+        on_compile_failure=_xla_fallback(session),
     )
     if outcome.status not in trainer.STOPPED.values():
         _use_averages(session.model)

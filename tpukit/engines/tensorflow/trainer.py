@@ -34,6 +34,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 
 import keras
 
@@ -244,6 +245,7 @@ def fit_with_recovery(
     validation_steps: int | None = None,
     validation_freq: int = 1,
     verbose=1,
+    on_compile_failure: Callable[[BaseException], bool] | None = None,
 ) -> Outcome:
     """Trains until `epochs * steps_per_epoch` optimizer steps, resuming from `checkpointer.step`.
 
@@ -256,6 +258,8 @@ def fit_with_recovery(
             since the last save (`Checkpointer.save_is_due`); None saves at every epoch end. A rollback after a NaN
             goes back to the newest checkpoint, so a bound also widens the data window it skips.
         validation_data: a zero-argument callable returning the evaluation dataset (fresh for each segment).
+        on_compile_failure: called with the error when a segment's `fit` fails before its first step; True when it
+            changed the model so that the segment can run again (the engine turning off an XLA it chose itself).
     """
     total = steps_per_epoch * epochs
     history: dict[str, list[float]] = {}
@@ -278,17 +282,29 @@ def fit_with_recovery(
         guard = TrainingGuard(
             checkpointer, checkpoint_every_steps, checkpoint_max_overhead, last_step=total
         )
-        result = _fit_segment(
-            model,
-            make_dataset(checkpointer.data_position),
-            guard,
-            _span(checkpointer.step, steps_per_epoch, epochs),
-            callbacks=[*callbacks, FreshValidationPass(), guard],
-            validation_data=validation_data() if validation_data else None,
-            validation_steps=validation_steps,
-            validation_freq=validation_freq,
-            verbose=verbose,
-        )
+        step_before = checkpointer.step
+        try:
+            result = _fit_segment(
+                model,
+                make_dataset(checkpointer.data_position),
+                guard,
+                _span(checkpointer.step, steps_per_epoch, epochs),
+                callbacks=[*callbacks, FreshValidationPass(), guard],
+                validation_data=validation_data() if validation_data else None,
+                validation_steps=validation_steps,
+                validation_freq=validation_freq,
+                verbose=verbose,
+            )
+        except Exception as error:  # noqa: BLE001 - re-raised unless the engine can run the segment otherwise
+            guard._restore_handlers()  # Keras ends `fit` on an error without `on_train_end`
+            if (
+                on_compile_failure is None
+                or checkpointer.step != step_before
+                or not on_compile_failure(error)
+            ):
+                raise
+            on_compile_failure = None  # once
+            continue
         for key, values in result.history.items():
             history.setdefault(key, []).extend(float(v) for v in values)
         if checkpointer.step >= total and guard.diverged_at is None and not guard.preempted:
