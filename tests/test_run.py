@@ -272,6 +272,12 @@ def test_a_cpu_run_compiles_an_attention_model_with_xla_and_a_cnn_without(tmp_pa
     cnn = run(recipe(), str(tmp_path / "cnn"))
     assert asked == [True, False]
     assert cnn["jit_compile"] is False and "no MultiHeadAttention" in cnn["jit_compile_reason"]
+    # tpukit's own step loop compiles no XLA: auto says so
+    own_loop = run(_tiny_lm(loop="tpukit", steps_per_execution=2), str(tmp_path / "loop"))
+    assert (
+        own_loop["jit_compile"] is False
+        and "runtime.loop: tpukit" in own_loop["jit_compile_reason"]
+    )
     # the recipe's own setting is kept
     own = run(_tiny_lm(jit_compile=False), str(tmp_path / "own"))
     assert own["jit_compile"] is False and own["jit_compile_reason"] == "set in the recipe"

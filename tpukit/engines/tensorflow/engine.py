@@ -169,7 +169,12 @@ def decide_jit_compile(the_plan: Plan, model) -> Plan:
     in the compile config `model.keras` saves. Any other plan is returned as it is."""
     if the_plan.jit_compile != "auto":
         return the_plan
-    decision = hardware_choices.choose_cpu_jit_compile(keras_private.layer_classes(model))
+    if the_plan.recipe.runtime.loop == "tpukit":
+        decision = hardware_choices.Decision(
+            False, "runtime.loop: tpukit runs its own step loop, which is not compiled with XLA"
+        )
+    else:
+        decision = hardware_choices.choose_cpu_jit_compile(keras_private.layer_classes(model))
     reason = decision.reason
     if decision.value:
         model.jit_compile = (
