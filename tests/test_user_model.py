@@ -487,6 +487,7 @@ def test_fit_compiles_an_attention_model_with_xla_or_trains_it_without(
         lambda: _attention_model(with_py_function),
         x,
         y,
+        validation_data=(x[:32], y[:32]),
         epochs=1,
         batch_size=16,
         output_dir=str(tmp_path / "run"),
@@ -507,6 +508,18 @@ def test_fit_compiles_an_attention_model_with_xla_or_trains_it_without(
 
     with zipfile.ZipFile(tmp_path / "run" / "model.keras") as saved:
         assert json.loads(saved.read("config.json"))["compile_config"]["jit_compile"] is False
+    # run again over the finished run: nothing trains, and the evaluation falls back the same way
+    again = tpukit.fit(
+        lambda: _attention_model(True),
+        x,
+        y,
+        validation_data=(x[:32], y[:32]),
+        epochs=1,
+        batch_size=16,
+        output_dir=str(tmp_path / "run"),
+        verbose=0,
+    )
+    assert again["step"] == 4 and again["jit_compile"] is False and "accuracy" in again["eval"]
     # asked for by the user, XLA is not second-guessed: the error is raised
     with pytest.raises(Exception, match="EagerPyFunc|unsupported operations"):
         tpukit.fit(

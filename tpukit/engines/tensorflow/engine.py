@@ -192,9 +192,7 @@ def decide_jit_compile(the_plan: Plan, model) -> Plan:
 # What TensorFlow raises when XLA cannot compile an op of the step (measured: a `tf.py_function` in a layer, TF 2.21:
 # "Detected unsupported operations when trying to compile graph ... on XLA_CPU_JIT: EagerPyFunc").
 _XLA_CANNOT_COMPILE = re.compile(
-    r"unsupported operations when trying to compile graph|XLA compilation requires|"
-    r"(?:No registered '\w+' OpKernel|not compilable).*XLA",
-    re.DOTALL,
+    r"Detected unsupported operations when trying to compile graph|XLA compilation requires"
 )
 
 
@@ -203,21 +201,24 @@ def _xla_fallback(session) -> Callable[[BaseException], bool] | None:
     cannot compile (an op with no XLA kernel, such as `tf.py_function`) trains without XLA, as it did before tpukit
     chose it, with a warning; the plan, `metrics.json` and `model.keras` say so. None elsewhere: an XLA the recipe
     asked for fails as it is."""
-    the_plan = session.plan
     if not (
-        the_plan.jit_compile is True
-        and the_plan.strategy_kind == "default"
-        and the_plan.recipe.runtime.jit_compile == "auto"
+        session.plan.jit_compile is True
+        and session.plan.strategy_kind == "default"
+        and session.plan.recipe.runtime.jit_compile == "auto"
     ):
         return None
 
     def fall_back(error: BaseException) -> bool:
+        the_plan = session.plan
+        if the_plan.jit_compile is not True:
+            return False  # fell back already
         text = f"{type(error).__name__}: {error}"
         if not isinstance(error, tf.errors.OpError) or not _XLA_CANNOT_COMPILE.search(text):
             return False
         model = session.model
         model.jit_compile = False
-        model.train_function = None  # made again, without XLA, by the next fit
+        # Made again, without XLA, by the next fit or evaluate.
+        model.train_function = model.test_function = model.predict_function = None
         keras_private.record_jit_compile(model, False)
         first = next((line for line in str(error).splitlines() if "unsupported" in line), "")
         reason = (
@@ -553,14 +554,25 @@ def evaluate_session(session, outcome, eval_dataset, callbacks: list = ()) -> di
         return {}
 
     exact_loss = _exact_loss(session.model)
-    results = session.model.evaluate(
-        eval_dataset(the_plan, task.spec_of(session.model))(),
-        steps=the_plan.eval_steps,
-        return_dict=True,
-        verbose=_verbose(the_plan.recipe.runtime.verbose),
-        # the printed `loss` over the real examples
-        callbacks=[callbacks_lib.ExactValidationLoss(exact_loss), *callbacks],
-    )
+
+    def evaluate():
+        return session.model.evaluate(
+            eval_dataset(the_plan, task.spec_of(session.model))(),  # a fresh, whole pass each time
+            steps=the_plan.eval_steps,
+            return_dict=True,
+            verbose=_verbose(the_plan.recipe.runtime.verbose),
+            # the printed `loss` over the real examples
+            callbacks=[callbacks_lib.ExactValidationLoss(exact_loss), *callbacks],
+        )
+
+    fall_back = _xla_fallback(session)
+    try:
+        results = evaluate()
+    except tf.errors.OpError as error:
+        # A run that trains nothing here (already done, or mode eval) meets an XLA it cannot compile in evaluate.
+        if fall_back is None or not fall_back(error):
+            raise
+        results = evaluate()
     # The returned dict too (Keras' CallbackList hands callbacks a copy of the logs).
     return callbacks_lib.with_aliases(
         {k: float(v) for k, v in results.items()}, exact_loss=exact_loss

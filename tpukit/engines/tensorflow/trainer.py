@@ -295,10 +295,11 @@ def fit_with_recovery(
                 validation_freq=validation_freq,
                 verbose=verbose,
             )
-        except Exception as error:  # noqa: BLE001 - re-raised unless the engine can run the segment otherwise
+        except BaseException as error:  # re-raised unless the engine can run the segment otherwise
             guard._restore_handlers()  # Keras ends `fit` on an error without `on_train_end`
             if (
-                on_compile_failure is None
+                not isinstance(error, Exception)
+                or on_compile_failure is None
                 or checkpointer.step != step_before
                 or not on_compile_failure(error)
             ):
