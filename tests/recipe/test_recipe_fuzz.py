@@ -400,6 +400,9 @@ def overrides(draw, path):
     """1-3 --set flags. The last value of a key wins; a malformed flag or a value that is not YAML fails at once."""
     raw = RAWS[path]
     result, must_fail, names, final = [], False, ["--set"], {}
+    # Keys given a sub-key while null or `auto`: the loader makes them a mapping (`--set runtime.mesh.model=4`),
+    # which the schema refuses unless a later --set of the key itself replaces it.
+    pending = set()
     for _ in range(draw(st.integers(1, 3))):
         kind = draw(st.sampled_from(["value", "value", "text", "no equals", "bad key"]))
         section = draw(st.sampled_from(SECTIONS))
@@ -422,6 +425,11 @@ def overrides(draw, path):
                 names.append(f"{section}.{key}")
                 if (section, key) in (("runtime", "layout"), ("runtime", "mesh")):
                     continue
+                section_raw = raw.get(section) if isinstance(raw.get(section), dict) else {}
+                current = final.get((section, key), section_raw.get(key))
+                if (section, key) in pending or current is None or current == "auto":
+                    pending.add((section, key))
+                    continue
             must_fail = True
             continue
         if kind == "value":
@@ -432,6 +440,7 @@ def overrides(draw, path):
             text = draw(st.text(max_size=15))
         try:
             final[(section, key)] = yaml.safe_load(text)
+            pending.discard((section, key))
         except yaml.YAMLError:
             must_fail = True
         names += (
@@ -440,6 +449,7 @@ def overrides(draw, path):
             else [f"{section}.{key}"]
         )
         result.append(f"{section}.{key}={text}")
+    must_fail = must_fail or bool(pending)
     # a new model or source brings its own keys: an unknown key is only surely unknown when neither changed
     registry_changed = {section for (section, key) in final if key in ("name", "source")}
     for (section, key), value in final.items():
