@@ -483,16 +483,20 @@ def test_fit_compiles_an_attention_model_with_xla_or_trains_it_without(
 ):
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(64, 4, 8)).astype("float32"), rng.integers(0, 2, 64).astype("int32")
-    metrics = tpukit.fit(
-        lambda: _attention_model(with_py_function),
-        x,
-        y,
-        validation_data=(x[:32], y[:32]),
-        epochs=1,
-        batch_size=16,
-        output_dir=str(tmp_path / "run"),
-        verbose=0,
-    )
+
+    def fit(py_function: bool, name: str, **settings):
+        return tpukit.fit(
+            lambda: _attention_model(py_function),
+            x,
+            y,
+            epochs=1,
+            batch_size=16,
+            output_dir=str(tmp_path / name),
+            verbose=0,
+            **settings,
+        )
+
+    metrics = fit(with_py_function, "run", validation_data=(x[:32], y[:32]))
     assert metrics["step"] == 4
     if not with_py_function:
         assert (
@@ -509,26 +513,8 @@ def test_fit_compiles_an_attention_model_with_xla_or_trains_it_without(
     with zipfile.ZipFile(tmp_path / "run" / "model.keras") as saved:
         assert json.loads(saved.read("config.json"))["compile_config"]["jit_compile"] is False
     # run again over the finished run: nothing trains, and the evaluation falls back the same way
-    again = tpukit.fit(
-        lambda: _attention_model(True),
-        x,
-        y,
-        validation_data=(x[:32], y[:32]),
-        epochs=1,
-        batch_size=16,
-        output_dir=str(tmp_path / "run"),
-        verbose=0,
-    )
+    again = fit(True, "run", validation_data=(x[:32], y[:32]))
     assert again["step"] == 4 and again["jit_compile"] is False and "accuracy" in again["eval"]
     # asked for by the user, XLA is not second-guessed: the error is raised
     with pytest.raises(Exception, match="EagerPyFunc|unsupported operations"):
-        tpukit.fit(
-            lambda: _attention_model(True),
-            x,
-            y,
-            epochs=1,
-            batch_size=16,
-            output_dir=str(tmp_path / "forced"),
-            verbose=0,
-            jit_compile=True,
-        )
+        fit(True, "forced", jit_compile=True)
