@@ -177,9 +177,8 @@ def decide_jit_compile(the_plan: Plan, model) -> Plan:
         decision = hardware_choices.choose_cpu_jit_compile(keras_private.layer_classes(model))
     reason = decision.reason
     if decision.value:
-        model.jit_compile = (
-            True  # Keras' setter turns it off, with a warning, where the model cannot compile
-        )
+        # Keras' setter turns it off, with a warning, where the model cannot compile.
+        model.jit_compile = True
         if not model.jit_compile:
             reason = f"{reason}; but Keras says this model cannot be compiled with XLA"
     keras_private.record_jit_compile(model, bool(model.jit_compile))
@@ -221,15 +220,16 @@ def _xla_fallback(session) -> Callable[[BaseException], bool] | None:
         model.train_function = model.test_function = model.predict_function = None
         keras_private.record_jit_compile(model, False)
         first = next((line for line in str(error).splitlines() if "unsupported" in line), "")
+        what = first.strip()[:200] or type(error).__name__
         reason = (
-            f"{the_plan.jit_compile_reason}; but XLA could not compile this model's step "
-            f"({first.strip()[:200] or type(error).__name__}), so it trains without XLA"
+            f"{the_plan.jit_compile_reason}; but XLA could not compile this model's step ({what}), so it "
+            "trains without XLA"
         )
         session.plan = dataclasses.replace(the_plan, jit_compile=False, jit_compile_reason=reason)
         logger.warning(
             "tpukit: XLA could not compile the train step (%s); training without XLA. Set "
             "runtime.jit_compile: false (tpukit.fit(jit_compile=False)) to skip this attempt",
-            first.strip()[:200] or type(error).__name__,
+            what,
         )
         return True
 
