@@ -16,7 +16,7 @@ transformer, and keras-io's mnist_convnet and text_transformer), three variants,
   `categorical_crossentropy` in mnist_convnet, which fits with `validation_split=0.1` and evaluates on its test
   set); text_transformer's script ends at `fit`, and is given the same `evaluate` as the others, since tpukit
   evaluates at the end.
-* (b) plain Keras hand-tuned with what tpukit chose in the previous (c) run of the same row (its `metrics.json`):
+* (b) plain Keras hand-tuned with what tpukit chose in (c) of the same round:
   the strategy kind, precision, `jit_compile`, `steps_per_execution`, and a hand-written `tf.data` pipeline
   (cache, shuffle, repeat, batch with `drop_remainder`, prefetch AUTOTUNE, non-deterministic order) with
   `verbose=2`.
@@ -30,12 +30,21 @@ transformer, and keras-io's mnist_convnet and text_transformer), three variants,
   into an empty cache, as a user's first run on a machine does, later rounds load from it, as a user's later runs do.
   (c)'s wall time of every round is printed.
 
-Runs alternate c a b c a b ... per row (c first: b needs its choices). Steady-state examples/s is measured the same
-way in all three (`workloads.SteadyRate`: optimizer steps after each `fit`'s first execution, validation time
-excluded); wall time is measured by this process around each subprocess (startup, imports, data, compile, training,
-validation, evaluation, outputs and interpreter exit). Ratios: `c/a` and `c/b` of examples/s, and `a/c` and `b/c`
-of wall time (above 1.0 means tpukit is faster in both). Medians over rounds; on a shared machine only ratios
-within one run mean anything. The output also has (c)'s phases (`metrics.json` "phases_seconds", medians, and
+Each round of a row runs c, a and b as three processes of which only one runs at any time (`run_round`): each
+alone from its start to the end of its first execution, then their steady states in slices of 0.1 s, stopped and
+continued in turn (SIGSTOP, SIGCONT), then each alone from the end of its training to its exit. On this shared
+2-core VM the machine's speed moves from second to second (one process training JAX ResNet for 30 epochs: epoch
+means of 108-133 ms/step; three whole processes of the same Keras ResNet script run one after another: 8-20% from
+slowest to fastest), so whole processes run one after another compared mostly the moments they ran in; slices
+compare the variants over the same moments (three identical processes in one round: 2.3-3.0% from slowest to
+fastest, in each of three rounds). `--sequential` runs them one after another instead.
+Steady-state examples/s is measured the same way in all three (`workloads.SteadyRate`: optimizer steps after each
+`fit`'s first execution, over the seconds the process ran, validation excluded); wall time is the time the process
+ran, from its start to its exit (startup, imports, data, compile, training, validation, evaluation, outputs and
+interpreter exit). (b) copies what (c) chose, as (c)'s model had it when its training began, checked against its
+`metrics.json` at the end. Ratios: `c/a` and `c/b` of examples/s, and `a/c` and `b/c` of wall time (above 1.0
+means tpukit is faster in both). Medians over rounds; on a shared machine only ratios within one run mean anything.
+The output also has (c)'s phases (`metrics.json` "phases_seconds", medians, less the seconds it was stopped, and
 `after_run`: the interpreter's exit), (c)'s MFU, a table of tpukit's two engines on the same rows, and the rows
 below the issue-22 bar (c/a >= 1.0, a/c >= 1.0, c/b >= 0.97). Nothing here runs on a TPU: CPU figures say
 nothing about TPU speed.
@@ -116,11 +125,7 @@ def _plain_keras(row, variant: str, settings: dict, output_dir: str) -> dict:
         if test_data is not None:
             model.evaluate(test_data, verbose=2)
     model.save(os.path.join(output_dir, "model.keras"))
-    return {
-        "examples_per_second": timer.examples_per_second,
-        "time_to_first_step": timer.time_to_first_step,
-        "steps_timed": timer.steps,
-    }
+    return timer.result()
 
 
 def _tutorial_validation(row, test) -> dict:
@@ -212,19 +217,48 @@ def _plain_keras_jax(row, variant: str, settings: dict, output_dir: str) -> dict
         if test_data is not None:
             model.evaluate(test_data, verbose=2)
     model.save(os.path.join(output_dir, "model.keras"))
-    return {
-        "examples_per_second": timer.examples_per_second,
-        "time_to_first_step": timer.time_to_first_step,
-        "steps_timed": timer.steps,
-    }
+    return timer.result()
 
 
-def _tpukit(row, output_dir: str, engine: str = "tensorflow") -> dict:
+class _Choices:
+    """Writes what tpukit chose for (b) to copy (`_CHOICES`), read off the model when its training begins, so that
+    (b) of an interleaved round can start before (c) has ended; `_tpukit` checks them against `metrics.json`."""
+
+    def __init__(self, path: str, engine: str):
+        import keras
+
+        class Callback(keras.callbacks.Callback):
+            def on_train_begin(inner, logs=None):
+                model = inner.model
+                chosen = {
+                    "precision": model.dtype_policy.name,
+                    "jit_compile": bool(model.jit_compile),
+                    "steps_per_execution": int(model.steps_per_execution),
+                }
+                if engine == "jax":
+                    import jax
+
+                    chosen["devices"] = jax.device_count()
+                else:
+                    chosen["strategy"] = type(model.distribute_strategy).__name__
+                self.chosen = chosen
+                with open(path, "w", encoding="utf-8") as f:
+                    json.dump(chosen, f)
+
+        self.chosen = None
+        self.callback = Callback()
+
+
+def _tpukit(
+    row, output_dir: str, engine: str = "tensorflow", choices_path: str | None = None
+) -> dict:
     from workloads import SteadyRate
 
     import tpukit
 
     timer = SteadyRate(row.global_batch_size)
+    choices = _Choices(choices_path, engine) if choices_path else None
+    extra = [choices.callback] if choices else []
     # The TensorFlow path passes no engine, as before; jax: runtime.engine=jax with the default mesh.
     engine_setting = {} if engine == "tensorflow" else {"engine": engine}
     if row.through == "fit":
@@ -254,12 +288,12 @@ def _tpukit(row, output_dir: str, engine: str = "tensorflow") -> dict:
             batch_size=row.global_batch_size,
             output_dir=output_dir,
             steps_per_execution="auto",
-            callbacks=[timer],
+            callbacks=[*extra, timer],
             **own,
             **engine_setting,
         )
     else:
-        metrics = tpukit.run(row.recipe(**engine_setting), output_dir, callbacks=[timer])
+        metrics = tpukit.run(row.recipe(**engine_setting), output_dir, callbacks=[*extra, timer])
     chosen = {
         key: metrics[key] for key in ("strategy", "precision", "jit_compile", "steps_per_execution")
     }
@@ -267,10 +301,17 @@ def _tpukit(row, output_dir: str, engine: str = "tensorflow") -> dict:
         import jax
 
         chosen["devices"] = jax.device_count()
+    if choices is not None:
+        differing = {
+            k: (v, chosen.get(k)) for k, v in (choices.chosen or {}).items() if chosen.get(k) != v
+        }
+        if choices.chosen is None or differing:
+            raise SystemExit(
+                f"vs_keras: (b) copied {choices.chosen} from the model, but metrics.json says {chosen}: "
+                f"{differing}"
+            )
     return {
-        "examples_per_second": timer.examples_per_second,
-        "time_to_first_step": timer.time_to_first_step,
-        "steps_timed": timer.steps,
+        **timer.result(),
         "tpukit_examples_per_second": metrics["examples_per_second"],
         "tpukit_time_to_first_step": metrics["time_to_first_step_seconds"],
         "settings": chosen,
@@ -290,9 +331,13 @@ def child(args) -> int:
 
     row = workload(args.row, args.quick)
     settings = json.loads(args.settings) if args.settings else {}
+    if args.variant == "b" and not settings:
+        # An interleaved round: (c) of the same round wrote its choices when its training began.
+        with open(args.settings_file, encoding="utf-8") as f:
+            settings = json.load(f)
     with tempfile.TemporaryDirectory() as output_dir:
         if args.variant == "c":
-            result = _tpukit(row, output_dir, args.engine)
+            result = _tpukit(row, output_dir, args.engine, args.settings_file)
         elif args.engine == "jax":
             result = _plain_keras_jax(row, args.variant, settings, output_dir)
         else:
@@ -348,26 +393,10 @@ def run_variant(
     engine: str = "tensorflow",
 ) -> dict:
     result_path = os.path.join(log_dir, f"{row}-{variant}-{index}.json")
-    command = [
-        sys.executable,
-        os.path.abspath(__file__),
-        "--_child",
-        "--row",
-        row,
-        "--variant",
-        variant,
-        "--result",
-        result_path,
-        "--engine",
-        engine,
-    ] + (["--quick"] if quick else [])
+    command = _child_command(row, variant, quick, result_path, engine)
     if settings:
         command += ["--settings", json.dumps(settings)]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", KERAS_BACKEND=engine, CUDA_VISIBLE_DEVICES="")
-    # Empty at this row's first round, whatever earlier runs on the machine or earlier rows compiled (docstring).
-    env["TPUKIT_JAX_COMPILATION_CACHE"] = os.path.join(log_dir, "jax_compilation_cache", row)
-    if engine == "jax":
-        env["JAX_PLATFORMS"] = "cpu"  # like CUDA_VISIBLE_DEVICES="" for TensorFlow: the CPU only
+    env = _child_env(row, log_dir, engine)
     log_path = os.path.join(log_dir, f"{row}-{variant}-{index}.log")
     crashes = []
     while True:
@@ -395,6 +424,232 @@ def run_variant(
     if crashes:
         result["crashes"] = crashes
     return result
+
+
+def _child_command(row: str, variant: str, quick: bool, result_path: str, engine: str) -> list[str]:
+    return [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--_child",
+        "--row",
+        row,
+        "--variant",
+        variant,
+        "--result",
+        result_path,
+        "--engine",
+        engine,
+    ] + (["--quick"] if quick else [])
+
+
+def _child_env(row: str, log_dir: str, engine: str) -> dict:
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", KERAS_BACKEND=engine, CUDA_VISIBLE_DEVICES="")
+    # Empty at this row's first round, whatever earlier runs on the machine or earlier rows compiled (docstring).
+    env["TPUKIT_JAX_COMPILATION_CACHE"] = os.path.join(log_dir, "jax_compilation_cache", row)
+    if engine == "jax":
+        env["JAX_PLATFORMS"] = "cpu"  # like CUDA_VISIBLE_DEVICES="" for TensorFlow: the CPU only
+    return env
+
+
+class _Crashed(Exception):
+    """A process of an interleaved round was killed by a signal."""
+
+
+def _interleaved_round(row: str, quick: bool, log_dir: str, index: int, engine: str) -> dict:
+    """`run_round`, run once more if a process of it was killed by a signal (a segfault inside TensorFlow was seen
+    once in plain Keras' MirroredStrategy script, variant a), recording that it happened."""
+    try:
+        return run_round(row, quick, log_dir, index, engine)
+    except _Crashed as error:
+        note = f"{error}; ran the round again"
+        print(f"  {note}", flush=True)
+    results = run_round(row, quick, log_dir, index, engine)
+    for result in results.values():
+        result["crashes"] = [note]
+    return results
+
+
+# The longest one variant runs alone (its start, a compile, its end) before the round is stopped as hung.
+ALONE_TIMEOUT_SECONDS = 1800
+SLICE_SECONDS = 0.1  # how long one variant's steady state runs before the next one's continues
+# A pause with every child stopped after their starts and after each exit: what the kernel does after a process
+# allocates or frees its gigabyte or so (page zeroing, compaction) then runs in nobody's slice.
+SETTLE_SECONDS = 0.5
+
+
+def _overlap(intervals: list, start: float, end: float) -> float:
+    return sum(max(0.0, min(b, end) - max(a, start)) for a, b in intervals)
+
+
+def active_seconds(result: dict, ran: list) -> float:
+    """The seconds of a child's steady-state windows in which it ran (`ran`: the intervals between the parent's
+    SIGCONT and SIGSTOP, on the same `time.monotonic()` clock), validation left out."""
+    total = 0.0
+    for start, end in result["windows"]:
+        total += _overlap(ran, start, end)
+        for v_start, v_end in result["validations"]:
+            if v_end is not None:
+                total -= _overlap(ran, max(start, v_start), min(end, v_end))
+    return total
+
+
+def run_round(row: str, quick: bool, log_dir: str, index: int, engine: str) -> dict:
+    """One interleaved round: c, a and b of `row` as three processes of which only one runs at any time.
+
+    A variant runs alone from its start to the beginning of its steady state (imports, data, build, compilation
+    and first execution), and again from its end (evaluation, export, exit); inside its steady state it runs in
+    slices of `SLICE_SECONDS`, stopped (SIGSTOP) and continued (SIGCONT) in turn with the others' steady states. So
+    all three train over the same stretch of the shared machine's time: its load changes from second to second
+    (30 epochs of one JAX ResNet process here: epoch means of 108-133 ms/step), which whole processes run one
+    after another do not share, and slices shorter than an execution of `steps_per_execution` steps do. Each
+    variant's wall time is the time it ran (spawn to exit, stopped time left out) and its examples/s count only
+    the seconds its steady state ran (`active_seconds`). (b) copies the choices that (c) wrote when its training
+    began (`_Choices`). Returns {variant: result}."""
+    import select
+    import signal
+
+    settings_path = os.path.join(log_dir, f"{row}-choices-{index}.json")
+    env = _child_env(row, log_dir, engine)
+    children: dict[str, dict] = {}
+    live = list(VARIANTS)  # c first: b reads its choices
+
+    def start(variant: str) -> dict:
+        report_read, report_write = os.pipe()
+        result_path = os.path.join(log_dir, f"{row}-{variant}-{index}.json")
+        log_path = os.path.join(log_dir, f"{row}-{variant}-{index}.log")
+        log = open(log_path, "w")  # noqa: SIM115 - closed with the round
+        command = _child_command(row, variant, quick, result_path, engine)
+        command += ["--settings-file", settings_path]
+        began = time.monotonic()
+        process = subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=dict(env, VS_KERAS_GATE=str(report_write)),
+            cwd=REPO,
+            pass_fds=(report_write,),
+        )
+        os.close(report_write)
+        return {
+            "process": process,
+            "reports": report_read,
+            "log": log,
+            "log_path": log_path,
+            "result_path": result_path,
+            "ran": [[began, None]],
+            "steady": False,
+            "stopped": False,
+        }
+
+    def run(variant: str, alone: bool) -> None:
+        """Runs `variant` (alone: until its steady state begins or it exits; else one slice, and alone on from the
+        end of its steady state), then stops it (SIGSTOP) unless it has exited."""
+        child = children[variant]
+        if child["stopped"]:
+            child["ran"].append([time.monotonic(), None])
+            os.kill(child["process"].pid, signal.SIGCONT)
+            child["stopped"] = False
+        slice_end = time.monotonic() + SLICE_SECONDS
+        while True:
+            timeout = ALONE_TIMEOUT_SECONDS if alone else max(0.0, slice_end - time.monotonic())
+            ready, _, _ = select.select([child["reports"]], [], [], timeout)
+            if not ready:
+                if alone:
+                    raise SystemExit(
+                        f"vs_keras: {row} ({variant}) ran alone for {ALONE_TIMEOUT_SECONDS} s; see "
+                        f"{child['log_path']}"
+                    )
+                break
+            report = os.read(child["reports"], 1)
+            if report == b"s":  # its steady state began
+                child["steady"] = True
+                if alone:
+                    break
+            elif report == b"e":  # it ended: alone on to its exit (or its next fit's steady state)
+                child["steady"], alone = False, True
+            else:  # the pipe closed: the process has ended
+                child["code"] = child["process"].wait()
+                child["ran"][-1][1] = time.monotonic()
+                live.remove(variant)
+                time.sleep(SETTLE_SECONDS)
+                return
+        os.kill(child["process"].pid, signal.SIGSTOP)
+        child["ran"][-1][1] = time.monotonic()
+        child["stopped"] = True
+
+    try:
+        # Each one alone from its start to its steady state; then, after the machine settles, their steady states
+        # in turn, from a different variant each round.
+        for variant in VARIANTS:
+            children[variant] = start(variant)
+            run(variant, alone=True)
+        time.sleep(SETTLE_SECONDS)
+        turn = index
+        while live:
+            variant = VARIANTS[turn % len(VARIANTS)]
+            turn += 1
+            if variant in live:
+                run(variant, alone=not children[variant]["steady"])
+    finally:
+        for child in children.values():
+            if child["process"].poll() is None:
+                if child["stopped"]:
+                    os.kill(child["process"].pid, signal.SIGCONT)
+                child["process"].kill()
+                child["process"].wait()
+            os.close(child["reports"])
+            child["log"].close()
+    crashed = [f"{v} (signal {-c['code']})" for v, c in children.items() if c["code"] < 0]
+    if crashed:
+        raise _Crashed(f"{row} round {index + 1}: {', '.join(crashed)} killed by a signal")
+    results = {}
+    for variant, child in children.items():
+        if child["code"]:
+            with open(child["log_path"], encoding="utf-8", errors="replace") as f:
+                tail = f.read()[-3000:]
+            raise SystemExit(
+                f"vs_keras: {row} ({variant}) exited {child['code']}; the end of {child['log_path']}:\n{tail}"
+            )
+        with open(child["result_path"], encoding="utf-8") as f:
+            result = json.load(f)
+        ran = child["ran"]
+        result["wall_seconds"] = sum(end - begin for begin, end in ran)
+        result["slices"] = len(ran)
+        result["ran"] = ran
+        steady = active_seconds(result, ran)
+        own = result["examples_per_second"]
+        if own and steady > 0:
+            result["examples_per_second"] = (
+                result["steps_timed"] * _global_batch_size(row, quick) / steady
+            )
+        if variant == "c":
+            _count_only_running(result, own, ran)
+        results[variant] = result
+    return results
+
+
+def _global_batch_size(row: str, quick: bool) -> int:
+    from workloads import workload
+
+    return workload(row, quick).global_batch_size
+
+
+def _count_only_running(result: dict, own_rate: float | None, ran: list) -> None:
+    """(c)'s own records of an interleaved round, less the seconds it was stopped: its phases' "training" and
+    "total" (it is stopped only inside its steady state, which is inside "training"), and its MFU and tpukit's
+    examples/s scaled to the rate the process had while running."""
+    stopped = sum(end - start for start, end in result["windows"]) - sum(
+        _overlap(ran, start, end) for start, end in result["windows"]
+    )
+    phases = result.get("phases_seconds")
+    if phases and stopped:
+        phases["training"] -= stopped
+        phases["total"] -= stopped
+    if own_rate and result["examples_per_second"]:
+        scale = result["examples_per_second"] / own_rate
+        for key in ("mfu", "tpukit_examples_per_second"):
+            if result.get(key):
+                result[key] *= scale
 
 
 def summarize(runs: dict) -> dict:
@@ -536,11 +791,17 @@ def main(argv=None) -> int:
         default=None,
         help="JSON results (default benchmarks/results/vs_keras.json)",
     )
+    parser.add_argument(
+        "--sequential",
+        action="store_true",
+        help="run each round's c, a and b one after another, each alone, instead of interleaved (run_round)",
+    )
     parser.add_argument("--_child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--row", help=argparse.SUPPRESS)
     parser.add_argument("--variant", help=argparse.SUPPRESS)
     parser.add_argument("--settings", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
+    parser.add_argument("--settings-file", dest="settings_file", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args._child:
         return child(args)
@@ -571,15 +832,22 @@ def main(argv=None) -> int:
             for name in rows:
                 runs = {variant: [] for variant in VARIANTS}
                 for index in range(rounds):
+                    if args.sequential:
+                        results = {}
+                        for variant in VARIANTS:
+                            settings = results["c"]["settings"] if variant == "b" else None
+                            results[variant] = run_variant(
+                                name, variant, args.quick, settings, log_dir, index, engine
+                            )
+                    else:
+                        results = _interleaved_round(name, args.quick, log_dir, index, engine)
                     for variant in VARIANTS:
-                        settings = runs["c"][-1]["settings"] if variant == "b" else None
-                        result = run_variant(
-                            name, variant, args.quick, settings, log_dir, index, engine
-                        )
+                        result = results[variant]
                         runs[variant].append(result)
                         print(
                             f"  {engine} {name} ({variant}) round {index + 1}: "
-                            f"{result['examples_per_second'] or 0:.0f} ex/s, {result['wall_seconds']:.1f} s wall",
+                            f"{result['examples_per_second'] or 0:.0f} ex/s, {result['wall_seconds']:.1f} s wall"
+                            + (f", {result['slices']} slices" if result.get("slices") else ""),
                             flush=True,
                         )
                 section["rows"][name] = {"runs": runs, **summarize(runs)}

@@ -30,6 +30,7 @@ builder function and arrays (`through="fit"`); the others are tpukit recipes. Ev
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from collections.abc import Callable
 
@@ -408,10 +409,35 @@ def register() -> None:
             tpukit.register_source(row.source_name, source)
 
 
+GATE_ENV = "VS_KERAS_GATE"  # a file descriptor: where a child of `vs_keras.py`'s interleaved rounds reports
+
+
+class Gate:
+    """What a child of an interleaved round (`vs_keras.run_round`) tells its parent, one byte each: `b"s"` when a
+    steady-state window begins (the parent may then stop and continue the process in short slices, SIGSTOP and
+    SIGCONT, alternating with the round's other variants), `b"e"` when it ends (the process then runs on alone to
+    its exit). Writing never blocks the child; the parent learns the window's times from the child's results."""
+
+    def __init__(self, write_fd: int):
+        self.write_fd = write_fd
+
+    @classmethod
+    def from_env(cls) -> Gate | None:
+        value = os.environ.get(GATE_ENV)
+        return cls(int(value)) if value else None
+
+    def tell(self, what: bytes) -> None:
+        os.write(self.write_fd, what)
+
+
 class SteadyRate(keras.callbacks.Callback):
     """Steady-state examples/s, measured the same way for every variant: optimizer steps after the first execution
     of each `fit` call (which includes tracing and compilation), over wall time minus validation time. Also the time
-    from `on_train_begin` of the first `fit` to the end of its first execution (time to first step)."""
+    from `on_train_begin` of the first `fit` to the end of its first execution (time to first step).
+
+    The windows and the validations inside them are also kept as times of `time.monotonic()` (one clock for every
+    process of a Linux machine), so that an interleaved round's parent, which knows when it stopped the process,
+    can count only the seconds the process ran (`vs_keras.active_seconds`)."""
 
     def __init__(self, global_batch_size: int):
         super().__init__()
@@ -419,10 +445,15 @@ class SteadyRate(keras.callbacks.Callback):
         self.steps = 0
         self.seconds = 0.0
         self.time_to_first_step = None
+        self.windows: list[
+            list[float]
+        ] = []  # [start, end] of each fit's steady state (time.monotonic)
+        self.validations: list[list[float]] = []  # [start, end] of each validation inside them
         self._first = None
         self._begin = None
         self._testing_since = None
         self._test_seconds = 0.0
+        self._gate = Gate.from_env()
 
     def _iterations(self) -> int:
         return int(self.model.optimizer.iterations.numpy())
@@ -436,19 +467,29 @@ class SteadyRate(keras.callbacks.Callback):
             if self.time_to_first_step is None:
                 self.time_to_first_step = now - self._begin
             self._first = (now, self._iterations())
+            self.windows.append([time.monotonic(), None])
+            if self._gate is not None:
+                self._gate.tell(b"s")
 
     def on_test_begin(self, logs=None):
         self._testing_since = time.perf_counter()
+        if self._first is not None:
+            self.validations.append([time.monotonic(), None])
 
     def on_test_end(self, logs=None):
         if self._testing_since is not None:
             self._test_seconds += time.perf_counter() - self._testing_since
             self._testing_since = None
+            if self._first is not None:
+                self.validations[-1][1] = time.monotonic()
 
     def on_train_end(self, logs=None):
         if self._first is not None:
             self.steps += self._iterations() - self._first[1]
             self.seconds += time.perf_counter() - self._first[0] - self._test_seconds
+            self.windows[-1][1] = time.monotonic()
+            if self._gate is not None:
+                self._gate.tell(b"e")
 
     @property
     def examples_per_second(self) -> float | None:
@@ -457,6 +498,16 @@ class SteadyRate(keras.callbacks.Callback):
             if self.steps and self.seconds > 0
             else None
         )
+
+    def result(self) -> dict:
+        """What each variant of `vs_keras.py` reports of its steady state."""
+        return {
+            "examples_per_second": self.examples_per_second,
+            "time_to_first_step": self.time_to_first_step,
+            "steps_timed": self.steps,
+            "windows": self.windows,
+            "validations": self.validations,
+        }
 
 
 def median(values: list[float]) -> float | None:

@@ -4,6 +4,7 @@ its keras-io rows being keras-io's models and data shapes."""
 
 import ast
 import importlib
+import json
 import os
 import pathlib
 
@@ -79,3 +80,73 @@ def test_text_transformer_row_is_keras_ios_model_on_imdb_shaped_token_ids(worklo
         32,
         40,
     )
+
+
+# A stand-in for one variant of vs_keras.py's interleaved rounds: busy for BUSY seconds of its own running time
+# in its steady state, recording when it was busy, then the result file the parent reads.
+_FAKE_VARIANT = r"""
+import json, os, sys, time
+report = int(os.environ["VS_KERAS_GATE"])  # workloads.Gate's protocol, without importing Keras
+busy_seconds = float(sys.argv[2])
+start = time.monotonic()
+os.write(report, b"s")
+ticks, ran, last = [start], 0.0, time.monotonic()
+while ran < busy_seconds:
+    now = time.monotonic()
+    if now - last < 0.005:  # a longer gap: it was stopped
+        ran += now - last
+        if now - ticks[-1] >= 0.001:
+            ticks.append(now)
+    last = now
+end = time.monotonic()
+os.write(report, b"e")
+json.dump({"examples_per_second": 1.0, "steps_timed": 100, "time_to_first_step": 0.0,
+           "windows": [[start, end]], "validations": [], "ticks": ticks}, open(sys.argv[1], "w"))
+"""
+
+
+def test_interleaved_round_runs_one_variant_at_a_time_and_counts_only_its_running_time(
+    tmp_path, monkeypatch
+):
+    import sys
+
+    monkeypatch.syspath_prepend(os.path.join(REPO, "benchmarks"))
+    vs_keras = importlib.import_module("vs_keras")  # the parent's side imports no Keras
+    script = tmp_path / "fake_variant.py"
+    script.write_text(_FAKE_VARIANT)
+    busy = {"c": 0.6, "a": 0.9, "b": 0.3}
+    monkeypatch.setattr(
+        vs_keras,
+        "_child_command",
+        lambda row, variant, quick, path, engine: [
+            sys.executable,
+            str(script),
+            path,
+            str(busy[variant]),
+        ],
+    )
+    monkeypatch.setattr(vs_keras, "_global_batch_size", lambda row, quick: 1)
+    monkeypatch.setattr(vs_keras, "SETTLE_SECONDS", 0.0)
+    results = vs_keras.run_round("mlp", True, str(tmp_path), 0, "tensorflow")
+    assert set(results) == set("cab")
+    ticks = {}
+    for variant, result in results.items():
+        ran = result["ran"]
+        assert result["slices"] == len(ran) > 3, ran  # stopped and continued in slices
+        assert result["wall_seconds"] == pytest.approx(sum(end - start for start, end in ran))
+        ticks[variant] = json.loads((tmp_path / f"mlp-{variant}-0.json").read_text())["ticks"]
+        # Busy only while the parent let it run (SIGSTOP took effect within 10 ms)...
+        outside = [t for t in ticks[variant] if not any(s <= t <= e + 0.01 for s, e in ran)]
+        assert not outside, (variant, len(outside), len(ticks[variant]))
+        # ...and its rate counts the seconds it ran in its steady state: its own busy time, not the others'.
+        active = 100 / result["examples_per_second"]
+        assert busy[variant] <= active <= busy[variant] + 0.1, (variant, active)
+    # The three ran in turn, never two at once: the parent's intervals do not overlap.
+    intervals = sorted((s, e, v) for v, r in results.items() for s, e in r["ran"])
+    for (_, end, v1), (start, _, v2) in zip(intervals, intervals[1:], strict=False):
+        assert start >= end - 1e-6, (v1, v2)
+    # Their steady states were interleaved, not run one after another.
+    for variant, own in ticks.items():
+        assert any(own[0] < t < own[-1] for v, ts in ticks.items() if v != variant for t in ts), (
+            variant
+        )
