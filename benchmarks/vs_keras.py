@@ -31,12 +31,12 @@ transformer, and keras-io's mnist_convnet and text_transformer), three variants,
   (c)'s wall time of every round is printed.
 
 Each round of a row runs c, a and b as three processes of which only one runs at any time (`run_round`): each
-alone from its start to the end of its first execution, then their steady states in slices of 0.1 s, stopped and
+alone from its start to the end of its first execution, then their steady states in slices of 0.05 s, stopped and
 continued in turn (SIGSTOP, SIGCONT), then each alone from the end of its training to its exit. On this shared
 2-core VM the machine's speed moves from second to second (one process training JAX ResNet for 30 epochs: epoch
 means of 108-133 ms/step; three whole processes of the same Keras ResNet script run one after another: 8-20% from
 slowest to fastest), so whole processes run one after another compared mostly the moments they ran in; slices
-compare the variants over the same moments (three identical processes in one round: 2.3-3.0% from slowest to
+compare the variants over the same moments (three identical processes, 0.1 s slices: 2.3-3.0% from slowest to
 fastest, in each of three rounds). `--sequential` runs them one after another instead.
 Steady-state examples/s is measured the same way in all three (`workloads.SteadyRate`: optimizer steps after each
 `fit`'s first execution, over the seconds the process ran, validation excluded); wall time is the time the process
@@ -44,7 +44,8 @@ ran, from its start to its exit (startup, imports, data, compile, training, vali
 interpreter exit). (b) copies what (c) chose, as (c)'s model had it when its training began, checked against its
 `metrics.json` at the end. Ratios: `c/a` and `c/b` of examples/s, and `a/c` and `b/c` of wall time (above 1.0
 means tpukit is faster in both). Medians over rounds; on a shared machine only ratios within one run mean anything.
-The output also has (c)'s phases (`metrics.json` "phases_seconds", medians, less the seconds it was stopped, and
+The output also has (c)'s phases (`metrics.json` "phases_seconds", medians, timed by a clock that leaves out the
+seconds the process was stopped (`workloads.count_only_running_time`), and
 `after_run`: the interpreter's exit), (c)'s MFU, a table of tpukit's two engines on the same rows, and the rows
 below the issue-22 bar (c/a >= 1.0, a/c >= 1.0, c/b >= 0.97). Nothing here runs on a TPU: CPU figures say
 nothing about TPU speed.
@@ -327,8 +328,9 @@ def child(args) -> int:
     args.engine = args.engine or "tensorflow"
     tpukit.use_engine(args.engine)  # before workloads imports keras
     sys.path.insert(0, HERE)
-    from workloads import workload
+    from workloads import count_only_running_time, workload
 
+    count_only_running_time()  # in an interleaved round: before tpukit reads the clock
     row = workload(args.row, args.quick)
     settings = json.loads(args.settings) if args.settings else {}
     if args.variant == "b" and not settings:
@@ -471,7 +473,7 @@ def _interleaved_round(row: str, quick: bool, log_dir: str, index: int, engine: 
 
 # The longest one variant runs alone (its start, a compile, its end) before the round is stopped as hung.
 ALONE_TIMEOUT_SECONDS = 1800
-SLICE_SECONDS = 0.1  # how long one variant's steady state runs before the next one's continues
+SLICE_SECONDS = 0.05  # how long one variant's steady state runs before the next one's continues
 # A pause with every child stopped after their starts and after each exit: what the kernel does after a process
 # allocates or frees its gigabyte or so (page zeroing, compaction) then runs in nobody's slice.
 SETTLE_SECONDS = 0.5
@@ -505,8 +507,10 @@ def run_round(row: str, quick: bool, log_dir: str, index: int, engine: str) -> d
     variant's wall time is the time it ran (spawn to exit, stopped time left out) and its examples/s count only
     the seconds its steady state ran (`active_seconds`). (b) copies the choices that (c) wrote when its training
     began (`_Choices`). Returns {variant: result}."""
+    import mmap
     import select
     import signal
+    import struct
 
     settings_path = os.path.join(log_dir, f"{row}-choices-{index}.json")
     env = _child_env(row, log_dir, engine)
@@ -515,6 +519,11 @@ def run_round(row: str, quick: bool, log_dir: str, index: int, engine: str) -> d
 
     def start(variant: str) -> dict:
         report_read, report_write = os.pipe()
+        stopped_path = os.path.join(log_dir, f"{row}-{variant}-{index}.stopped")
+        with open(stopped_path, "wb") as f:
+            f.write(struct.pack("d", 0.0))
+        stopped_file = open(stopped_path, "r+b")  # noqa: SIM115 - closed with the round
+        stopped = mmap.mmap(stopped_file.fileno(), 8)
         result_path = os.path.join(log_dir, f"{row}-{variant}-{index}.json")
         log_path = os.path.join(log_dir, f"{row}-{variant}-{index}.log")
         log = open(log_path, "w")  # noqa: SIM115 - closed with the round
@@ -525,7 +534,7 @@ def run_round(row: str, quick: bool, log_dir: str, index: int, engine: str) -> d
             command,
             stdout=log,
             stderr=subprocess.STDOUT,
-            env=dict(env, VS_KERAS_GATE=str(report_write)),
+            env=dict(env, VS_KERAS_GATE=str(report_write), VS_KERAS_STOPPED=stopped_path),
             cwd=REPO,
             pass_fds=(report_write,),
         )
@@ -536,6 +545,8 @@ def run_round(row: str, quick: bool, log_dir: str, index: int, engine: str) -> d
             "log": log,
             "log_path": log_path,
             "result_path": result_path,
+            "stopped_file": stopped_file,
+            "stopped_seconds": stopped,
             "ran": [[began, None]],
             "steady": False,
             "stopped": False,
@@ -546,7 +557,11 @@ def run_round(row: str, quick: bool, log_dir: str, index: int, engine: str) -> d
         end of its steady state), then stops it (SIGSTOP) unless it has exited."""
         child = children[variant]
         if child["stopped"]:
-            child["ran"].append([time.monotonic(), None])
+            now = time.monotonic()
+            # Its clock (`workloads.count_only_running_time`) leaves out every stop, this one included.
+            total = now - sum(end - begin for begin, end in child["ran"]) - child["ran"][0][0]
+            child["stopped_seconds"][:8] = struct.pack("d", total)
+            child["ran"].append([now, None])
             os.kill(child["process"].pid, signal.SIGCONT)
             child["stopped"] = False
         slice_end = time.monotonic() + SLICE_SECONDS
@@ -598,6 +613,8 @@ def run_round(row: str, quick: bool, log_dir: str, index: int, engine: str) -> d
                 child["process"].kill()
                 child["process"].wait()
             os.close(child["reports"])
+            child["stopped_seconds"].close()
+            child["stopped_file"].close()
             child["log"].close()
     crashed = [f"{v} (signal {-c['code']})" for v, c in children.items() if c["code"] < 0]
     if crashed:
@@ -616,14 +633,14 @@ def run_round(row: str, quick: bool, log_dir: str, index: int, engine: str) -> d
         result["wall_seconds"] = sum(end - begin for begin, end in ran)
         result["slices"] = len(ran)
         result["ran"] = ran
+        # The child's own rate (its clock left out the stops: `workloads.count_only_running_time`), and the rate
+        # over the seconds this process saw it run, which is the one compared.
+        result["own_examples_per_second"] = result["examples_per_second"]
         steady = active_seconds(result, ran)
-        own = result["examples_per_second"]
-        if own and steady > 0:
+        if result["examples_per_second"] and steady > 0:
             result["examples_per_second"] = (
                 result["steps_timed"] * _global_batch_size(row, quick) / steady
             )
-        if variant == "c":
-            _count_only_running(result, own, ran)
         results[variant] = result
     return results
 
@@ -632,24 +649,6 @@ def _global_batch_size(row: str, quick: bool) -> int:
     from workloads import workload
 
     return workload(row, quick).global_batch_size
-
-
-def _count_only_running(result: dict, own_rate: float | None, ran: list) -> None:
-    """(c)'s own records of an interleaved round, less the seconds it was stopped: its phases' "training" and
-    "total" (it is stopped only inside its steady state, which is inside "training"), and its MFU and tpukit's
-    examples/s scaled to the rate the process had while running."""
-    stopped = sum(end - start for start, end in result["windows"]) - sum(
-        _overlap(ran, start, end) for start, end in result["windows"]
-    )
-    phases = result.get("phases_seconds")
-    if phases and stopped:
-        phases["training"] -= stopped
-        phases["total"] -= stopped
-    if own_rate and result["examples_per_second"]:
-        scale = result["examples_per_second"] / own_rate
-        for key in ("mfu", "tpukit_examples_per_second"):
-            if result.get(key):
-                result[key] *= scale
 
 
 def summarize(runs: dict) -> dict:

@@ -85,7 +85,7 @@ def test_text_transformer_row_is_keras_ios_model_on_imdb_shaped_token_ids(worklo
 # A stand-in for one variant of vs_keras.py's interleaved rounds: busy for BUSY seconds of its own running time
 # in its steady state, recording when it was busy, then the result file the parent reads.
 _FAKE_VARIANT = r"""
-import json, os, sys, time
+import json, os, struct, sys, time
 report = int(os.environ["VS_KERAS_GATE"])  # workloads.Gate's protocol, without importing Keras
 busy_seconds = float(sys.argv[2])
 start = time.monotonic()
@@ -100,8 +100,11 @@ while ran < busy_seconds:
     last = now
 end = time.monotonic()
 os.write(report, b"e")
+with open(os.environ["VS_KERAS_STOPPED"], "rb") as f:  # what workloads.count_only_running_time reads
+    stopped_seen = (time.monotonic(), struct.unpack("d", f.read(8))[0])
 json.dump({"examples_per_second": 1.0, "steps_timed": 100, "time_to_first_step": 0.0,
-           "windows": [[start, end]], "validations": [], "ticks": ticks}, open(sys.argv[1], "w"))
+           "windows": [[start, end]], "validations": [], "ticks": ticks,
+           "stopped_seen": stopped_seen}, open(sys.argv[1], "w"))
 """
 
 
@@ -141,6 +144,13 @@ def test_interleaved_round_runs_one_variant_at_a_time_and_counts_only_its_runnin
         # ...and its rate counts the seconds it ran in its steady state: its own busy time, not the others'.
         active = 100 / result["examples_per_second"]
         assert busy[variant] <= active <= busy[variant] + 0.1, (variant, active)
+        # Its clock was told every stop before it ran again: the seconds since its start that it did not run.
+        seen_at, stopped = json.loads((tmp_path / f"mlp-{variant}-0.json").read_text())[
+            "stopped_seen"
+        ]
+        running = sum(min(e, seen_at) - s for s, e in ran if s < seen_at)
+        assert stopped == pytest.approx(seen_at - ran[0][0] - running, abs=0.005), variant
+        assert stopped > 0.1
     # The three ran in turn, never two at once: the parent's intervals do not overlap.
     intervals = sorted((s, e, v) for v, r in results.items() for s, e in r["ran"])
     for (_, end, v1), (start, _, v2) in zip(intervals, intervals[1:], strict=False):
@@ -150,3 +160,23 @@ def test_interleaved_round_runs_one_variant_at_a_time_and_counts_only_its_runnin
         assert any(own[0] < t < own[-1] for v, ts in ticks.items() if v != variant for t in ts), (
             variant
         )
+
+
+def test_a_childs_clock_leaves_out_the_seconds_it_was_stopped(workloads, tmp_path, monkeypatch):
+    import struct
+    import time
+
+    path = tmp_path / "stopped"
+    path.write_bytes(struct.pack("d", 0.0))
+    monkeypatch.setenv(workloads.STOPPED_ENV, str(path))
+    machine = [100.0]  # the machine's clock, as the child's real perf_counter reads it
+    monkeypatch.setattr(time, "perf_counter", lambda: machine[0])
+    workloads.count_only_running_time()
+    assert time.perf_counter() == 100.0
+    machine[0] = 110.0
+    path.write_bytes(struct.pack("d", 5.0))  # of those 10 s, the parent kept it stopped 5
+    assert time.perf_counter() == 105.0
+    path.write_bytes(struct.pack("d", 5.5))  # a stop recorded from a moment before it took effect
+    assert time.perf_counter() == 105.0  # never backwards
+    machine[0] = 120.0
+    assert time.perf_counter() == 114.5
