@@ -30,22 +30,23 @@ transformer, and keras-io's mnist_convnet and text_transformer), three variants,
   into an empty cache, as a user's first run on a machine does, later rounds load from it, as a user's later runs do.
   (c)'s wall time of every round is printed.
 
-Each round of a row runs c, a and b as three processes of which only one runs at any time (`run_round`): each
-alone from its start to the end of its first execution, then their steady states in slices of 0.05 s, stopped and
-continued in turn (SIGSTOP, SIGCONT), then each alone from the end of its training to its exit. On this shared
-2-core VM the machine's speed moves from second to second (one process training JAX ResNet for 30 epochs: epoch
-means of 108-133 ms/step; three whole processes of the same Keras ResNet script run one after another: 8-20% from
-slowest to fastest), so whole processes run one after another compared mostly the moments they ran in; slices
-compare the variants over the same moments (three identical processes, 0.1 s slices: 2.3-3.0% from slowest to
-fastest, in each of three rounds). `--sequential` runs them one after another instead.
+Rounds alternate c a b c a b ... per row, each a whole process alone (c first: b copies its choices). On this
+shared 2-core VM the machine's speed moves from second to second (one process training JAX ResNet for 30 epochs:
+epoch means of 108-133 ms/step; three runs of the same Keras ResNet script one after another: 8-20% apart), so a
+ratio near 1.0 is only known to within several percent. `--interleaved` (experimental, `run_round`) runs a round's
+three processes in turn instead, their steady states in 0.05 s slices (SIGSTOP, SIGCONT), which cancels that drift
+(three identical processes: 2.3-3.0% apart) but is not neutral: stopping a process upsets what runs on
+TensorFlow's own clocks in plain Keras' variants (b's tf.data autotuning held its exit for 3-26 s; the TF MLP
+tutorial script under MirroredStrategy fell to 5-77k examples/s from 63-78k alone), so it flatters (c) against (a)
+and (b) on those rows.
 Steady-state examples/s is measured the same way in all three (`workloads.SteadyRate`: optimizer steps after each
 `fit`'s first execution, over the seconds the process ran, validation excluded); wall time is the time the process
 ran, from its start to its exit (startup, imports, data, compile, training, validation, evaluation, outputs and
-interpreter exit). (b) copies what (c) chose, as (c)'s model had it when its training began, checked against its
-`metrics.json` at the end. Ratios: `c/a` and `c/b` of examples/s, and `a/c` and `b/c` of wall time (above 1.0
+interpreter exit). (b) copies what (c) chose (its `metrics.json`; interleaved: as (c)'s model had it when its
+training began, checked against its `metrics.json` at the end). Ratios: `c/a` and `c/b` of examples/s, and `a/c` and `b/c` of wall time (above 1.0
 means tpukit is faster in both). Medians over rounds; on a shared machine only ratios within one run mean anything.
-The output also has (c)'s phases (`metrics.json` "phases_seconds", medians, timed by a clock that leaves out the
-seconds the process was stopped (`workloads.count_only_running_time`), and
+The output also has (c)'s phases (`metrics.json` "phases_seconds", medians; interleaved, timed by a clock that
+leaves out the seconds the process was stopped: `workloads.count_only_running_time`), and
 `after_run`: the interpreter's exit), (c)'s MFU, a table of tpukit's two engines on the same rows, and the rows
 below the issue-22 bar (c/a >= 1.0, a/c >= 1.0, c/b >= 0.97). Nothing here runs on a TPU: CPU figures say
 nothing about TPU speed.
@@ -495,6 +496,20 @@ def active_seconds(result: dict, ran: list) -> float:
     return total
 
 
+def _die_with_parent() -> None:
+    """In a child of an interleaved round, before it runs: SIGKILL when the parent dies (Linux `prctl`
+    PR_SET_PDEATHSIG), which ends a stopped process too. Without it a parent killed by a signal left its stopped
+    children behind, holding their memory."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+
+
+class _Stopped(BaseException):
+    """SIGTERM or SIGHUP reached the parent of an interleaved round: raised so that its cleanup runs."""
+
+
 def run_round(row: str, quick: bool, log_dir: str, index: int, engine: str) -> dict:
     """One interleaved round: c, a and b of `row` as three processes of which only one runs at any time.
 
@@ -537,6 +552,7 @@ def run_round(row: str, quick: bool, log_dir: str, index: int, engine: str) -> d
             env=dict(env, VS_KERAS_GATE=str(report_write), VS_KERAS_STOPPED=stopped_path),
             cwd=REPO,
             pass_fds=(report_write,),
+            preexec_fn=_die_with_parent,
         )
         os.close(report_write)
         return {
@@ -592,6 +608,12 @@ def run_round(row: str, quick: bool, log_dir: str, index: int, engine: str) -> d
         child["ran"][-1][1] = time.monotonic()
         child["stopped"] = True
 
+    def stop_round(signum, frame):
+        raise _Stopped(f"vs_keras: stopped by signal {signum}")
+
+    previous = {
+        number: signal.signal(number, stop_round) for number in (signal.SIGTERM, signal.SIGHUP)
+    }
     try:
         # Each one alone from its start to its steady state; then, after the machine settles, their steady states
         # in turn, from a different variant each round.
@@ -606,6 +628,8 @@ def run_round(row: str, quick: bool, log_dir: str, index: int, engine: str) -> d
             if variant in live:
                 run(variant, alone=not children[variant]["steady"])
     finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
         for child in children.values():
             if child["process"].poll() is None:
                 if child["stopped"]:
@@ -791,9 +815,9 @@ def main(argv=None) -> int:
         help="JSON results (default benchmarks/results/vs_keras.json)",
     )
     parser.add_argument(
-        "--sequential",
+        "--interleaved",
         action="store_true",
-        help="run each round's c, a and b one after another, each alone, instead of interleaved (run_round)",
+        help="experimental: run each round's c, a and b interleaved in slices (run_round; see its caveats)",
     )
     parser.add_argument("--_child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--row", help=argparse.SUPPRESS)
@@ -831,7 +855,7 @@ def main(argv=None) -> int:
             for name in rows:
                 runs = {variant: [] for variant in VARIANTS}
                 for index in range(rounds):
-                    if args.sequential:
+                    if not args.interleaved:
                         results = {}
                         for variant in VARIANTS:
                             settings = results["c"]["settings"] if variant == "b" else None

@@ -180,3 +180,48 @@ def test_a_childs_clock_leaves_out_the_seconds_it_was_stopped(workloads, tmp_pat
     assert time.perf_counter() == 105.0  # never backwards
     machine[0] = 120.0
     assert time.perf_counter() == 114.5
+
+
+def test_an_interleaved_rounds_children_die_with_their_parent(tmp_path):
+    """A parent killed by a signal (SIGKILL: no cleanup of its own runs) takes its children, stopped or running, with
+    it: they had stayed stopped, holding their memory, after a killed run."""
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "fake_variant.py"
+    script.write_text(_FAKE_VARIANT)
+    parent = tmp_path / "parent.py"
+    parent.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {os.path.join(REPO, 'benchmarks')!r})\n"
+        "import vs_keras\n"
+        "vs_keras._child_command = lambda row, variant, quick, path, engine: "
+        f"[sys.executable, {str(script)!r}, path, '60']\n"
+        "vs_keras.run_round('mlp', True, sys.argv[1], 0, 'tensorflow')\n"
+    )
+    process = subprocess.Popen([sys.executable, str(parent), str(tmp_path)])
+    children: list[int] = []
+    deadline = time.monotonic() + 30
+    # All three started (the last one runs, two are stopped).
+    while len(children) < 3 and time.monotonic() < deadline:
+        time.sleep(0.2)
+        with open(f"/proc/{process.pid}/task/{process.pid}/children") as f:
+            children = [int(pid) for pid in f.read().split()]
+    assert len(children) == 3, children
+    process.kill()
+    process.wait()
+    deadline = time.monotonic() + 10
+    alive = children
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.1)
+        alive = [pid for pid in children if _running(pid)]
+    assert not alive, alive
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
