@@ -43,8 +43,8 @@ Steady-state examples/s is measured the same way in all three (`workloads.Steady
 `fit`'s first execution, over the seconds the process ran, validation excluded); wall time is the time the process
 ran, from its start to its exit (startup, imports, data, compile, training, validation, evaluation, outputs and
 interpreter exit). (b) copies what (c) chose (its `metrics.json`; interleaved: as (c)'s model had it when its
-training began, checked against its `metrics.json` at the end). Ratios: `c/a` and `c/b` of examples/s, and `a/c` and `b/c` of wall time (above 1.0
-means tpukit is faster in both). Medians over rounds; on a shared machine only ratios within one run mean anything.
+training began, checked against its `metrics.json` at the end). Ratios: `c/a` and `c/b` of examples/s, and `a/c`
+and `b/c` of wall time (above 1.0 means tpukit is faster in both). Medians over rounds; on a shared machine only ratios within one run mean anything.
 The output also has (c)'s phases (`metrics.json` "phases_seconds", medians; interleaved, timed by a clock that
 leaves out the seconds the process was stopped: `workloads.count_only_running_time`), and
 `after_run`: the interpreter's exit), (c)'s MFU, a table of tpukit's two engines on the same rows, and the rows
@@ -223,7 +223,8 @@ def _plain_keras_jax(row, variant: str, settings: dict, output_dir: str) -> dict
 
 
 class _Choices:
-    """Writes what tpukit chose for (b) to copy (`_CHOICES`), read off the model when its training begins, so that
+    """Writes what tpukit chose for (b) to copy (the settings `_plain_keras` reads), read off the model when its
+    training begins, so that
     (b) of an interleaved round can start before (c) has ended; `_tpukit` checks them against `metrics.json`."""
 
     def __init__(self, path: str, engine: str):
