@@ -224,8 +224,8 @@ def _plain_keras_jax(row, variant: str, settings: dict, output_dir: str) -> dict
 
 class _Choices:
     """Writes what tpukit chose for (b) to copy (the settings `_plain_keras` reads), read off the model when its
-    training begins, so that
-    (b) of an interleaved round can start before (c) has ended; `_tpukit` checks them against `metrics.json`."""
+    training begins, so that (b) of an interleaved round can start before (c) has ended; `_tpukit` checks them
+    against `metrics.json`."""
 
     def __init__(self, path: str, engine: str):
         import keras
