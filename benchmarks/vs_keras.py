@@ -242,6 +242,7 @@ class _Choices:
                     import jax
 
                     chosen["devices"] = jax.device_count()
+                    chosen["xla_cpu_flags"] = _added_xla_flags()
                 else:
                     chosen["strategy"] = type(model.distribute_strategy).__name__
                 self.chosen = chosen
@@ -250,6 +251,11 @@ class _Choices:
 
         self.chosen = None
         self.callback = Callback()
+
+
+def _added_xla_flags() -> list[str]:
+    """The flags tpukit's jax engine added to $XLA_FLAGS in this process (the child starts with none of its own)."""
+    return os.environ.get("XLA_FLAGS", "").split()
 
 
 def _tpukit(
@@ -304,6 +310,7 @@ def _tpukit(
         import jax
 
         chosen["devices"] = jax.device_count()
+        chosen["xla_cpu_flags"] = metrics["xla_cpu_flags"]["added"]
     if choices is not None:
         differing = {
             k: (v, chosen.get(k)) for k, v in (choices.chosen or {}).items() if chosen.get(k) != v
@@ -329,16 +336,19 @@ def child(args) -> int:
 
     args.engine = args.engine or "tensorflow"
     tpukit.use_engine(args.engine)  # before workloads imports keras
-    sys.path.insert(0, HERE)
-    from workloads import count_only_running_time, workload
-
-    count_only_running_time()  # in an interleaved round: before tpukit reads the clock
-    row = workload(args.row, args.quick)
     settings = json.loads(args.settings) if args.settings else {}
     if args.variant == "b" and not settings:
         # An interleaved round: (c) of the same round wrote its choices when its training began.
         with open(args.settings_file, encoding="utf-8") as f:
             settings = json.load(f)
+    if args.variant == "b" and settings.get("xla_cpu_flags"):
+        # The XLA:CPU flags tpukit's jax engine added, set as a user would: before JAX's backend starts.
+        os.environ["XLA_FLAGS"] = " ".join(settings["xla_cpu_flags"])
+    sys.path.insert(0, HERE)
+    from workloads import count_only_running_time, workload
+
+    count_only_running_time()  # in an interleaved round: before tpukit reads the clock
+    row = workload(args.row, args.quick)
     with tempfile.TemporaryDirectory() as output_dir:
         if args.variant == "c":
             result = _tpukit(row, output_dir, args.engine, args.settings_file)
@@ -452,6 +462,8 @@ def _child_env(row: str, log_dir: str, engine: str) -> dict:
     env["TPUKIT_JAX_COMPILATION_CACHE"] = os.path.join(log_dir, "jax_compilation_cache", row)
     if engine == "jax":
         env["JAX_PLATFORMS"] = "cpu"  # like CUDA_VISIBLE_DEVICES="" for TensorFlow: the CPU only
+    # Every variant starts with XLA's defaults: (b) sets what tpukit's jax engine added (`child`), (a) nothing.
+    env.pop("XLA_FLAGS", None)
     return env
 
 

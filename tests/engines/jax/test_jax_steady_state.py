@@ -59,6 +59,13 @@ def test_steps_per_execution_auto_is_the_same_on_two_runs_and_says_why(runs):
     assert "rule" in why
 
 
+def test_the_run_records_the_xla_cpu_flags_it_added(runs):
+    # child.py starts with XLA_FLAGS naming the virtual devices only, so the engine adds its flag (jaxlib 0.10).
+    recorded = runs["auto"]["metrics"]["xla_cpu_flags"]
+    assert recorded["added"] == ["--xla_cpu_experimental_ynn_fusion_type=-individual_convolution"]
+    assert recorded["reason"].startswith("measured on jaxlib 0.10")
+
+
 def test_a_steps_per_execution_from_the_recipe_is_kept_and_recorded(runs):
     metrics = runs["mesh"]["metrics"]
     assert metrics["steps_per_execution"] == 2 and metrics["mesh"] == {"data": 2, "model": 1}

@@ -30,7 +30,7 @@ import tensorflow as tf
 
 from tpukit import planner, task
 from tpukit.engines.jax import checkpoint as checkpoint_lib
-from tpukit.engines.jax import compilation_cache
+from tpukit.engines.jax import compat, compilation_cache
 from tpukit.engines.jax.saved_model import SavedModelExport
 from tpukit.engines.tensorflow import callbacks as callbacks_lib
 from tpukit.engines.tensorflow import engine as tf_engine
@@ -729,6 +729,7 @@ def report(session: Session, outcome, evaluation: dict, exported: dict) -> dict:
         mesh=session.plan.mesh,
         sharded=session.sharded,
         steps_per_execution_decision=session.decision,
+        xla_cpu_flags=compat.use_cpu_xla_flags().as_dict(),
     )
     return metrics
 

@@ -1,0 +1,119 @@
+"""The XLA:CPU flags the jax engine adds before JAX's backend starts (`tpukit.engines.jax.compat.use_cpu_xla_flags`):
+on the jaxlib they were measured on, a convolution's weight gradient compiles to XLA's own convolution instead of
+YNNPACK's (the program itself is read, from a process of its own); the user's own XLA_FLAGS, the off switch, a
+backend already started and another jaxlib each leave $XLA_FLAGS as it was and say why. Nothing here measures speed
+(benchmarks/vs_keras.py does; the measurements are in compat.py)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from helpers import REPO
+
+from tpukit.engines.jax import compat
+
+FLAG = "--xla_cpu_experimental_ynn_fusion_type=-individual_convolution"
+
+# One process per case: XLA reads $XLA_FLAGS once, when JAX's backend starts.
+CHILD = """
+import json, os, sys
+from tpukit.engines.jax import compat
+if sys.argv[1] == "started":
+    import jax
+    jax.devices()
+flags = compat.use_cpu_xla_flags()
+import jax, jax.numpy as jnp
+def conv(x, w):
+    return jax.lax.conv_general_dilated(x, w, (1, 1), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC")).sum()
+weight_gradient = jax.jit(jax.grad(conv, 1)).lower(jnp.ones((8, 13, 13, 32)), jnp.ones((3, 3, 32, 64)))
+program = weight_gradient.compile().as_text()
+print("RESULT " + json.dumps({"flags": flags.as_dict(), "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),
+                              "ynn": "__ynn_fusion" in program, "convolution": "convolution(" in program}))
+"""
+
+
+def _child(case: str = "", **env) -> dict:
+    environment = {
+        k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", compat.CPU_XLA_FLAGS_ENV)
+    }
+    environment.update(
+        KERAS_BACKEND="jax",
+        JAX_PLATFORMS="cpu",
+        TF_CPP_MIN_LOG_LEVEL="2",
+        PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]),
+        **env,
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, case],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=environment,
+        timeout=300,
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert done.returncode == 0 and lines, done.stdout[-2000:] + done.stderr[-3000:]
+    return json.loads(lines[0][len("RESULT ") :])
+
+
+def _measured_here() -> bool:
+    from importlib import metadata
+
+    jaxlib = compat.versions.minor(metadata.version("jaxlib"))
+    return any(low <= jaxlib < high for _, (low, high) in compat.CPU_XLA_FLAGS)
+
+
+needs_measured_jaxlib = pytest.mark.skipif(
+    not _measured_here(),
+    reason="the flags are added only on the jaxlib they were measured on (compat.CPU_XLA_FLAGS)",
+)
+
+
+@needs_measured_jaxlib
+def test_the_weight_gradient_compiles_to_xlas_convolution_with_the_flag_and_to_ynnpack_without():
+    added = _child()
+    assert added["flags"]["added"] == [FLAG] and added["XLA_FLAGS"] == FLAG
+    assert added["convolution"] and not added["ynn"]
+    # The control: the same program without the flag is YNNPACK's, so the flag is what changed it.
+    off = _child(**{compat.CPU_XLA_FLAGS_ENV: "0"})
+    assert off["flags"] == {"added": [], "reason": f"none: {compat.CPU_XLA_FLAGS_ENV}=0"}
+    assert off["XLA_FLAGS"] == "" and off["ynn"]
+
+
+@needs_measured_jaxlib
+def test_the_users_own_xla_flags_are_kept_and_others_are_added_to():
+    mine = "--xla_cpu_experimental_ynn_fusion_type=-individual_dot"
+    kept = _child(XLA_FLAGS=mine)
+    assert kept["flags"]["added"] == [] and kept["XLA_FLAGS"] == mine
+    assert "XLA_FLAGS sets it already" in kept["flags"]["reason"]
+    other = _child(XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    assert (
+        other["XLA_FLAGS"] == f"--xla_force_host_platform_device_count=2 {FLAG}"
+        and not other["ynn"]
+    )
+
+
+@needs_measured_jaxlib
+def test_a_backend_started_before_the_engine_gets_no_flags_and_the_reason_says_how_to_get_them():
+    started = _child("started")
+    assert started["flags"]["added"] == [] and started["XLA_FLAGS"] == "" and started["ynn"]
+    assert (
+        "JAX's backend started before" in started["flags"]["reason"]
+        and "Fix:" in started["flags"]["reason"]
+    )
+
+
+def test_a_jaxlib_the_flags_were_not_measured_on_gets_none(monkeypatch):
+    from importlib import metadata
+
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    monkeypatch.delenv(compat.CPU_XLA_FLAGS_ENV, raising=False)
+    monkeypatch.setattr(metadata, "version", lambda name: "0.12.1")
+    flags = compat.use_cpu_xla_flags.__wrapped__()  # not the process's cached answer
+    assert flags.added == () and "XLA_FLAGS" not in os.environ
+    assert (
+        flags.reason
+        == "--xla_cpu_experimental_ynn_fusion_type: measured on jaxlib 0.10 only; this is 0.12.1"
+    )
