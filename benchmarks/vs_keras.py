@@ -356,6 +356,7 @@ def child(args) -> int:
             result = _plain_keras_jax(row, args.variant, settings, output_dir)
         else:
             result = _plain_keras(row, args.variant, settings, output_dir)
+    result["xla_flags"] = os.environ.get("XLA_FLAGS", "")  # what each variant's XLA ran with
     with open(args.result, "w", encoding="utf-8") as f:
         json.dump(result, f)
     return 0

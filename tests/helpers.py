@@ -151,6 +151,18 @@ def run_jax(
     return done.returncode, (results if all_results else results[0] if results else None), output
 
 
+def expected_xla_cpu_flags(xla_flags: str = "") -> list[str]:
+    """The XLA:CPU flags a jax-engine process starting with `xla_flags` adds, with the installed jaxlib and TensorFlow
+    (`tpukit.engines.jax.compat.cpu_xla_flags`)."""
+    from importlib import metadata
+
+    import tensorflow as tf
+
+    from tpukit.engines.jax import compat
+
+    return compat.cpu_xla_flags(metadata.version("jaxlib"), tf.__version__, xla_flags)[0]
+
+
 # The recommender recipe, smoke-sized for the engines' tests: 4,000 ratings (3,200 train = 12 steps of 256 an
 # epoch; 800 test), 2 epochs, a checkpoint every 8 steps.
 DCN_RECIPE = os.path.join(RECIPES, "movielens_dcn.yaml")

@@ -8,7 +8,7 @@ digits_cnn in one JAX process with 2 virtual CPU devices (`child.py`); nothing h
 import os
 
 import pytest
-from helpers import run_jax
+from helpers import expected_xla_cpu_flags, run_jax
 
 RUN = ["train.epochs=3", "train.steps_per_epoch=4", "runtime.verbose=0"]
 
@@ -60,10 +60,11 @@ def test_steps_per_execution_auto_is_the_same_on_two_runs_and_says_why(runs):
 
 
 def test_the_run_records_the_xla_cpu_flags_it_added(runs):
-    # child.py starts with XLA_FLAGS naming the virtual devices only, so the engine adds its flag (jaxlib 0.10).
+    # child.py starts with XLA_FLAGS naming the virtual devices only; on jaxlib 0.10 with TensorFlow 2.21 the engine
+    # adds its flag (test_jax_xla_flags.py), elsewhere the reason says why not.
     recorded = runs["auto"]["metrics"]["xla_cpu_flags"]
-    assert recorded["added"] == ["--xla_cpu_experimental_ynn_fusion_type=-individual_convolution"]
-    assert recorded["reason"].startswith("measured on jaxlib 0.10")
+    assert recorded["added"] == expected_xla_cpu_flags("--xla_force_host_platform_device_count=2")
+    assert recorded["reason"] and (recorded["added"] or "jaxlib" in recorded["reason"])
 
 
 def test_a_steps_per_execution_from_the_recipe_is_kept_and_recorded(runs):

@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import REPO
+from helpers import REPO, expected_xla_cpu_flags
 
 from tpukit.engines.jax import compat
 
@@ -58,16 +58,10 @@ def _child(case: str = "", **env) -> dict:
     return json.loads(lines[0][len("RESULT ") :])
 
 
-def _measured_here() -> bool:
-    from importlib import metadata
-
-    jaxlib = compat.versions.minor(metadata.version("jaxlib"))
-    return any(low <= jaxlib < high for _, (low, high) in compat.CPU_XLA_FLAGS)
-
-
 needs_measured_jaxlib = pytest.mark.skipif(
-    not _measured_here(),
-    reason="the flags are added only on the jaxlib they were measured on (compat.CPU_XLA_FLAGS)",
+    expected_xla_cpu_flags() != [FLAG],
+    reason="the flag is added only on the jaxlib it was measured on, beside a TensorFlow that knows it "
+    "(compat.CPU_XLA_FLAGS); test_which_versions_get_the_flag covers the others",
 )
 
 
@@ -105,15 +99,26 @@ def test_a_backend_started_before_the_engine_gets_no_flags_and_the_reason_says_h
     )
 
 
-def test_a_jaxlib_the_flags_were_not_measured_on_gets_none(monkeypatch):
-    from importlib import metadata
-
-    monkeypatch.delenv("XLA_FLAGS", raising=False)
-    monkeypatch.delenv(compat.CPU_XLA_FLAGS_ENV, raising=False)
-    monkeypatch.setattr(metadata, "version", lambda name: "0.12.1")
-    flags = compat.use_cpu_xla_flags.__wrapped__()  # not the process's cached answer
-    assert flags.added == () and "XLA_FLAGS" not in os.environ
-    assert (
-        flags.reason
-        == "--xla_cpu_experimental_ynn_fusion_type: measured on jaxlib 0.10 only; this is 0.12.1"
+def test_which_versions_get_the_flag():
+    assert compat.cpu_xla_flags("0.10.2", "2.21.0", "") == ([FLAG], [])
+    assert compat.cpu_xla_flags("0.10.2", None, "") == ([FLAG], [])  # no TensorFlow in the process
+    assert compat.cpu_xla_flags("0.12.1", "2.21.0", "") == (
+        [],
+        ["--xla_cpu_experimental_ynn_fusion_type: measured on jaxlib 0.10 only; this is 0.12.1"],
     )
+    # TensorFlow 2.19.1 and 2.20.0 abort at their first XLA compile on a flag their XLA does not know.
+    for tensorflow in ("2.19.1", "2.20.0"):
+        wanted, skipped = compat.cpu_xla_flags("0.10.2", tensorflow, "")
+        assert wanted == [] and f"TensorFlow {tensorflow}'s XLA does not know it" in skipped[0]
+    assert compat.cpu_xla_flags("0.10.2", "2.21.0", FLAG.replace("convolution", "dot")) == (
+        [],
+        ["--xla_cpu_experimental_ynn_fusion_type: XLA_FLAGS sets it already"],
+    )
+
+
+def test_the_off_switch_says_how_it_was_set(monkeypatch):
+    monkeypatch.setenv(compat.CPU_XLA_FLAGS_ENV, "off")
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
+    flags = compat.use_cpu_xla_flags.__wrapped__()  # not the process's cached answer
+    assert flags == compat.XlaFlags((), f"none: {compat.CPU_XLA_FLAGS_ENV}=off")
+    assert os.environ["XLA_FLAGS"] == "--xla_force_host_platform_device_count=2"

@@ -49,21 +49,31 @@ def installed_jax() -> str:
     return version
 
 
-# XLA:CPU flags the engine adds to $XLA_FLAGS, each with the jaxlib minors it was measured on: an XLA that does not
-# know a flag aborts the process at its backend's start, so a jaxlib outside the range gets none of them.
+# XLA:CPU flags the engine adds to $XLA_FLAGS: (flag, value, the jaxlib minors it was measured on [low, high), the
+# oldest TensorFlow minor whose XLA knows it). An XLA that does not know a flag aborts its process when it first
+# reads $XLA_FLAGS: jaxlib's at its backend's start, TensorFlow's at its first XLA compile (the jax engine's process
+# imports TensorFlow for tf.data, and the processes it starts inherit the variable), so a flag is added only where
+# both know it. TensorFlow 2.19.1 and 2.20.0 abort on the one below ("Unknown flag in XLA_FLAGS"); 2.21.0 takes it.
 #
-# `-individual_convolution`: jaxlib 0.10's XLA:CPU hands each convolution to YNNPACK, which computes a convolution's
-# weight gradient (a convolution whose window is the whole output image, batch as its features) 4-5x slower than
-# XLA's own Eigen convolution: 21-22 ms against 4.5 ms for the gradient of a 3x3, 32 -> 64 channel convolution on a
-# batch of 128 13x13 images, while the forward pass went from 2.4 to 3.6 ms (jaxlib 0.10.2, the project's 2-core
-# x86 CPU). Whole models, plain Keras on JAX, examples/s: keras-io's mnist_convnet 1,480-1,550 -> 1,900-2,030 and
-# resnet_cifar-8 550-590 -> 810-830 in training; `evaluate` unchanged within noise (mnist_convnet 40-42k, ResNet
-# 4.0-4.2k). Models without convolutions compile to the same program. Nothing here changes what is computed beyond
-# the order of a convolution's sums.
+# `-individual_convolution`: jaxlib 0.10.2's XLA:CPU hands each convolution to YNNPACK, which computes a
+# convolution's weight gradient (a convolution whose window is the whole output image, batch as its features) 4-5x
+# slower than XLA's own Eigen convolution: 21-22 ms against 4.4-4.5 ms for the gradient of a 3x3, 32 -> 64 channel
+# convolution on a batch of 128 13x13 images; the forward pass moved by up to 2x either way between runs (2.4 ->
+# 3.6 ms in one, 5.5 -> 2.5 ms in a reviewer's). Whole models, plain Keras on JAX, training examples/s:
+# keras-io's mnist_convnet 1,480-1,550 -> 1,900-2,030, resnet_cifar-8 550-590 -> 810-890; `evaluate` unchanged within
+# noise (mnist_convnet 40-42k, ResNet 4.0-4.2k); a model without convolutions compiles to the same program. All on
+# the 2-core "Intel(R) Xeon(R) Processor" VM of 2026-11-27. Nothing here changes what is computed beyond the order
+# of a convolution's sums. (jaxlib 0.10.0 gave this convolution to XLA's own code already: the flag changes nothing
+# there.)
 CPU_XLA_FLAGS = (
-    (("--xla_cpu_experimental_ynn_fusion_type", "-individual_convolution"), ((0, 10), (0, 11))),
+    (
+        "--xla_cpu_experimental_ynn_fusion_type",
+        "-individual_convolution",
+        ((0, 10), (0, 11)),
+        (2, 21),
+    ),
 )
-CPU_XLA_FLAGS_WHY = "XLA's own convolutions, whose weight gradients are 4-5x faster than YNNPACK's"
+CPU_XLA_FLAGS_WHY = "XLA's own convolutions, whose weight gradients were 4-5x faster than YNNPACK's on jaxlib 0.10.2"
 CPU_XLA_FLAGS_ENV = "TPUKIT_XLA_CPU_FLAGS"  # 0/off: add none
 
 
@@ -78,6 +88,27 @@ class XlaFlags:
         return {"added": list(self.added), "reason": self.reason}
 
 
+def cpu_xla_flags(
+    jaxlib: str, tensorflow: str | None, xla_flags: str
+) -> tuple[list[str], list[str]]:
+    """(the `CPU_XLA_FLAGS` to add for these jaxlib and TensorFlow versions and this $XLA_FLAGS, why each other one is
+    not added). `tensorflow`: None where it is not installed."""
+    wanted, skipped = [], []
+    for name, value, (low, high), oldest_tensorflow in CPU_XLA_FLAGS:
+        if name in xla_flags:
+            skipped.append(f"{name}: XLA_FLAGS sets it already")
+        elif not low <= versions.minor(jaxlib) < high:
+            skipped.append(f"{name}: measured on jaxlib {_dotted(low)} only; this is {jaxlib}")
+        elif tensorflow is not None and versions.minor(tensorflow) < oldest_tensorflow:
+            skipped.append(
+                f"{name}: TensorFlow {tensorflow}'s XLA does not know it (it would stop at its first XLA compile); "
+                f"TensorFlow >= {_dotted(oldest_tensorflow)} does"
+            )
+        else:
+            wanted.append(f"{name}={value}")
+    return wanted, skipped
+
+
 def _backend_started() -> bool:
     # jax._src.xla_bridge.backends_are_initialized: private, in jax 0.10 (the range CPU_XLA_FLAGS are added for).
     from jax._src import xla_bridge
@@ -87,31 +118,32 @@ def _backend_started() -> bool:
 
 @functools.cache  # the process's: XLA reads $XLA_FLAGS once, when JAX's first backend starts
 def use_cpu_xla_flags() -> XlaFlags:
-    """Adds `CPU_XLA_FLAGS` for this jaxlib to $XLA_FLAGS unless the user set them (or turned them off with
-    $TPUKIT_XLA_CPU_FLAGS=0) or JAX's backend already started (then XLA has read its flags). They apply to XLA:CPU
-    compiles only (a TPU or GPU program is unaffected), for the rest of the process and the processes it starts."""
-    if os.environ.get(CPU_XLA_FLAGS_ENV, "").strip().lower() in ("0", "off", "false", "no"):
-        return XlaFlags((), f"none: {CPU_XLA_FLAGS_ENV}=0")
+    """Adds the `CPU_XLA_FLAGS` this jaxlib and TensorFlow take (`cpu_xla_flags`) to $XLA_FLAGS unless the user set
+    them (or turned them off with $TPUKIT_XLA_CPU_FLAGS=0) or JAX's backend already started (then XLA has read its
+    flags). They apply to XLA:CPU compiles only (a TPU or GPU program is unaffected), for the rest of the process
+    and the processes it starts."""
+    switch = os.environ.get(CPU_XLA_FLAGS_ENV, "").strip()
+    if switch.lower() in ("0", "off", "false", "no"):
+        return XlaFlags((), f"none: {CPU_XLA_FLAGS_ENV}={switch}")
     from importlib import metadata
 
     try:
         jaxlib = metadata.version("jaxlib")
     except metadata.PackageNotFoundError:
         return XlaFlags((), "none: jaxlib is not installed")
+    try:
+        import tensorflow
+
+        tensorflow_version = tensorflow.__version__
+    except ImportError:
+        tensorflow_version = None
     current = os.environ.get("XLA_FLAGS", "")
-    wanted, skipped = [], []
-    for (name, value), (low, high) in CPU_XLA_FLAGS:
-        if name in current:
-            skipped.append(f"{name}: XLA_FLAGS sets it already")
-        elif not low <= versions.minor(jaxlib) < high:
-            skipped.append(f"{name}: measured on jaxlib {_dotted(low)} only; this is {jaxlib}")
-        else:
-            wanted.append(f"{name}={value}")
+    wanted, skipped = cpu_xla_flags(jaxlib, tensorflow_version, current)
     if wanted and _backend_started():
         skipped.append(
             f"{' '.join(wanted)}: JAX's backend started before tpukit's jax engine was first used, and XLA had "
-            "read its flags then. Fix: build the model in the function you hand tpukit, or set XLA_FLAGS before "
-            "Python starts"
+            "read its flags then. Fix: run no JAX code before the first tpukit.run/fit (a model built outside the "
+            "function you hand tpukit.fit, jax.devices()), or set XLA_FLAGS before Python starts"
         )
         wanted = []
     if wanted:
@@ -119,7 +151,9 @@ def use_cpu_xla_flags() -> XlaFlags:
     elif skipped:
         logging.getLogger("tpukit").info("tpukit: no XLA:CPU flags added (%s)", "; ".join(skipped))
     return XlaFlags(
-        tuple(wanted), "; ".join(skipped) or f"measured on jaxlib {jaxlib}: {CPU_XLA_FLAGS_WHY}"
+        tuple(wanted),
+        "; ".join(skipped)
+        or f"jaxlib {jaxlib}, TensorFlow {tensorflow_version}: {CPU_XLA_FLAGS_WHY}",
     )
 
 
