@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 
 import pytest
 from helpers import REPO, expected_xla_cpu_flags
@@ -122,3 +123,28 @@ def test_the_off_switch_says_how_it_was_set(monkeypatch):
     flags = compat.use_cpu_xla_flags.__wrapped__()  # not the process's cached answer
     assert flags == compat.XlaFlags((), f"none: {compat.CPU_XLA_FLAGS_ENV}=off")
     assert os.environ["XLA_FLAGS"] == "--xla_force_host_platform_device_count=2"
+
+
+def test_an_accelerator_host_gets_none(monkeypatch, tmp_path):
+    # A PJRT plugin as JAX discovers one (the `jax_plugins` namespace package); nothing here starts it.
+    (tmp_path / "jax_plugins" / "some_gpu").mkdir(parents=True)
+    (tmp_path / "jax_plugins" / "some_gpu" / "__init__.py").write_text("")
+    namespace = types.ModuleType("jax_plugins")
+    namespace.__path__ = [str(tmp_path / "jax_plugins")]
+    monkeypatch.setitem(sys.modules, "jax_plugins", namespace)  # put back as it was after the test
+    monkeypatch.delenv("JAX_PLATFORMS", raising=False)
+    monkeypatch.delenv("TPU_LIBRARY_PATH", raising=False)
+    assert "some_gpu" in compat._accelerator_plugins()
+    monkeypatch.setenv(
+        "JAX_PLATFORMS", "cpu"
+    )  # the accelerator is not used: the CPU flags apply again
+    assert compat._accelerator_plugins() == []
+    monkeypatch.setenv("JAX_PLATFORMS", "")
+    monkeypatch.setenv("TPU_LIBRARY_PATH", "/opt/libtpu.so")
+    assert "libtpu" in compat._accelerator_plugins()
+    if expected_xla_cpu_flags() == [FLAG]:
+        monkeypatch.delenv("XLA_FLAGS", raising=False)
+        monkeypatch.delenv(compat.CPU_XLA_FLAGS_ENV, raising=False)
+        flags = compat.use_cpu_xla_flags.__wrapped__()
+        assert flags.added == () and "XLA_FLAGS" not in os.environ
+        assert f"{FLAG}: an accelerator backend is installed (libtpu, some_gpu)" in flags.reason

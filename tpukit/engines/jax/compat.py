@@ -109,6 +109,30 @@ def cpu_xla_flags(
     return wanted, skipped
 
 
+def _accelerator_plugins() -> list[str]:
+    """The accelerator backends JAX may load here, from what is installed (nothing is started): `libtpu` (or
+    $TPU_LIBRARY_PATH) and PJRT plugins (the `jax_plugins` namespace and entry points, e.g. CUDA's). Empty with
+    JAX_PLATFORMS=cpu. Their XLA reads $XLA_FLAGS too, and whether theirs knows the CPU flags was not checked, so an
+    accelerator host gets none (its steps do not run on XLA:CPU anyway)."""
+    if os.environ.get("JAX_PLATFORMS", "").strip().lower() == "cpu":
+        return []
+    import importlib.util
+    import pkgutil
+    from importlib import metadata
+
+    found = ["libtpu"] if os.environ.get("TPU_LIBRARY_PATH") else []
+    if importlib.util.find_spec("libtpu") is not None:
+        found = ["libtpu"]
+    try:
+        import jax_plugins  # the namespace package JAX discovers PJRT plugins in (jax/_src/xla_bridge.py)
+
+        found += [module.name for module in pkgutil.iter_modules(jax_plugins.__path__)]
+    except ImportError:
+        pass
+    found += [entry.name for entry in metadata.entry_points(group="jax_plugins")]
+    return sorted(set(found))
+
+
 def _backend_started() -> bool:
     # jax._src.xla_bridge.backends_are_initialized: private, in jax 0.10 (the range CPU_XLA_FLAGS are added for).
     from jax._src import xla_bridge
@@ -119,8 +143,8 @@ def _backend_started() -> bool:
 @functools.cache  # the process's: XLA reads $XLA_FLAGS once, when JAX's first backend starts
 def use_cpu_xla_flags() -> XlaFlags:
     """Adds the `CPU_XLA_FLAGS` this jaxlib and TensorFlow take (`cpu_xla_flags`) to $XLA_FLAGS unless the user set
-    them (or turned them off with $TPUKIT_XLA_CPU_FLAGS=0) or JAX's backend already started (then XLA has read its
-    flags). They apply to XLA:CPU compiles only (a TPU or GPU program is unaffected), for the rest of the process
+    them (or turned them off with $TPUKIT_XLA_CPU_FLAGS=0), an accelerator backend is installed
+    (`_accelerator_plugins`) or JAX's backend already started (then XLA has read its flags). They apply to XLA:CPU compiles only (a TPU or GPU program is unaffected), for the rest of the process
     and the processes it starts."""
     switch = os.environ.get(CPU_XLA_FLAGS_ENV, "").strip()
     if switch.lower() in ("0", "off", "false", "no"):
@@ -139,6 +163,13 @@ def use_cpu_xla_flags() -> XlaFlags:
         tensorflow_version = None
     current = os.environ.get("XLA_FLAGS", "")
     wanted, skipped = cpu_xla_flags(jaxlib, tensorflow_version, current)
+    plugins = _accelerator_plugins() if wanted else []
+    if plugins:
+        skipped.append(
+            f"{' '.join(wanted)}: an accelerator backend is installed ({', '.join(plugins)}), whose XLA reads "
+            "XLA_FLAGS too; JAX_PLATFORMS=cpu trains on the CPU with them"
+        )
+        wanted = []
     if wanted and _backend_started():
         skipped.append(
             f"{' '.join(wanted)}: JAX's backend started before tpukit's jax engine was first used, and XLA had "
@@ -150,10 +181,9 @@ def use_cpu_xla_flags() -> XlaFlags:
         os.environ["XLA_FLAGS"] = " ".join([current, *wanted]).strip()
     elif skipped:
         logging.getLogger("tpukit").info("tpukit: no XLA:CPU flags added (%s)", "; ".join(skipped))
+    beside = f"TensorFlow {tensorflow_version}" if tensorflow_version else "no TensorFlow"
     return XlaFlags(
-        tuple(wanted),
-        "; ".join(skipped)
-        or f"jaxlib {jaxlib}, TensorFlow {tensorflow_version}: {CPU_XLA_FLAGS_WHY}",
+        tuple(wanted), "; ".join(skipped) or f"jaxlib {jaxlib}, {beside}: {CPU_XLA_FLAGS_WHY}"
     )
 
 
