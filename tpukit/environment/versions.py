@@ -142,17 +142,18 @@ MAX_TF_EXCLUSIVE = (
 KERAS_TESTED = ((3, 15), (3, 16))
 
 
-def _dotted(version: tuple[int, int]) -> str:
+def dotted(version: tuple[int, int]) -> str:
+    """(2, 19) -> "2.19"."""
     return ".".join(map(str, version))
 
 
 def tensorflow_install_command() -> str:
     """The pip command that installs a CPU/GPU TensorFlow in tpukit's range, e.g.
     `pip install "tensorflow>=2.19,<2.22"` (a TPU VM needs `pinned_tpu().install_command()` instead)."""
-    return f'pip install "tensorflow>={_dotted(MIN_TF)},<{_dotted(MAX_TF_EXCLUSIVE)}"'
+    return f'pip install "tensorflow>={dotted(MIN_TF)},<{dotted(MAX_TF_EXCLUSIVE)}"'
 
 
 def keras_install_command() -> str:
     """The pip command that installs a Keras in `KERAS_TESTED`, e.g. `pip install "keras>=3.15,<3.16"`."""
     low, high = KERAS_TESTED
-    return f'pip install "keras>={_dotted(low)},<{_dotted(high)}"'
+    return f'pip install "keras>={dotted(low)},<{dotted(high)}"'

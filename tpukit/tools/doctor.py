@@ -204,10 +204,6 @@ def _libtpu_matches(pin: str, version: str) -> bool:
     return version == pin
 
 
-def _dotted(bounds: tuple[int, int]) -> str:
-    return ".".join(map(str, bounds))
-
-
 def _in_range(version: str | None, bounds) -> bool:
     return version is not None and bounds[0] <= versions.minor(version) < bounds[1]
 
@@ -234,12 +230,13 @@ def _jax_engine_fix(installed: dict[str, str | None]) -> str:
     is replaced."""
     packages, remove = [], ""
     if not _in_range(installed.get("jax"), jax_compat.JAX_TESTED):
-        packages.append(
-            f'"jax[tpu]>={_dotted(jax_compat.JAX_TESTED[0])},<{_dotted(jax_compat.JAX_TESTED[1])}"'
-        )
+        low, high = (versions.dotted(b) for b in jax_compat.JAX_TESTED)
+        packages.append(f'"jax[tpu]>={low},<{high}"')
     cpu = installed.get("tensorflow") or installed.get("tensorflow-cpu")
     if not _in_range(cpu, TF_RANGE):
-        packages.append(f'"tensorflow-cpu>={_dotted(TF_RANGE[0])},<{_dotted(TF_RANGE[1])}"')
+        packages.append(
+            f'"tensorflow-cpu>={versions.dotted(TF_RANGE[0])},<{versions.dotted(TF_RANGE[1])}"'
+        )
         remove = "`pip uninstall -y tensorflow tensorflow-cpu` then " if cpu else ""
     train = f"train with the jax engine: `python -m tpukit.train RECIPE {JAX_ENGINE}`"
     if not packages:
@@ -794,7 +791,7 @@ def _jax_tpu_problem(
             'tensorflow-tpu, then `pip install "tpukit[jax-tpu]"`.'
         )
     if not jax_finds_the_tpu(runtime, installed, jax_requires):
-        low, high = (_dotted(b) for b in jax_compat.JAX_TESTED)
+        low, high = (versions.dotted(b) for b in jax_compat.JAX_TESTED)
         return (
             f"JAX would not find the TPU: jax {installed.get('jax')} needs the libtpu its `tpu` extra pins ({pin}); "
             f'installed: {libtpu or "none"}. Fix: `pip install "jax[tpu]>={low},<{high}"`, {RESTART}.'
@@ -817,7 +814,7 @@ def _jax_engine_problem(
     if problem:
         return problem
     dist = _tensorflow_dist(installed)
-    bounds = f">={_dotted(TF_RANGE[0])},<{_dotted(TF_RANGE[1])}"
+    bounds = f">={versions.dotted(TF_RANGE[0])},<{versions.dotted(TF_RANGE[1])}"
     if dist is None:
         return (
             "tf.data reads the input and needs TensorFlow's CPU build, which is not installed. Fix: "

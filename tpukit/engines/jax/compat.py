@@ -34,7 +34,7 @@ def installed_jax() -> str:
             'tpukit\'s jax engine needs JAX. Fix: `pip install "tpukit[jax]"` on CPU/GPU, or '
             '`pip install "tpukit[jax-tpu]"` on a TPU VM (a Colab or Kaggle TPU runtime has JAX already).'
         ) from None
-    low, high = (".".join(map(str, v)) for v in JAX_TESTED)
+    low, high = (versions.dotted(v) for v in JAX_TESTED)
     if not JAX_TESTED[0] <= versions.minor(version) < JAX_TESTED[1]:
         message = (
             f"tpukit's jax engine was tested with jax >= {low} and < {high}; received jax {version}. Fix: "
@@ -98,11 +98,13 @@ def cpu_xla_flags(
         if name in xla_flags:
             skipped.append(f"{name}: XLA_FLAGS sets it already")
         elif not low <= versions.minor(jaxlib) < high:
-            skipped.append(f"{name}: measured on jaxlib {_dotted(low)} only; this is {jaxlib}")
+            skipped.append(
+                f"{name}: measured on jaxlib {versions.dotted(low)} only; this is {jaxlib}"
+            )
         elif tensorflow is not None and versions.minor(tensorflow) < oldest_tensorflow:
             skipped.append(
                 f"{name}: TensorFlow {tensorflow}'s XLA does not know it (it would stop at its first XLA compile); "
-                f"TensorFlow >= {_dotted(oldest_tensorflow)} does"
+                f"TensorFlow >= {versions.dotted(oldest_tensorflow)} does"
             )
         else:
             wanted.append(f"{name}={value}")
@@ -120,9 +122,9 @@ def _accelerator_plugins() -> list[str]:
     import pkgutil
     from importlib import metadata
 
-    found = ["libtpu"] if os.environ.get("TPU_LIBRARY_PATH") else []
-    if importlib.util.find_spec("libtpu") is not None:
-        found = ["libtpu"]
+    found = []
+    if os.environ.get("TPU_LIBRARY_PATH") or importlib.util.find_spec("libtpu") is not None:
+        found.append("libtpu")
     try:
         import jax_plugins  # the namespace package JAX discovers PJRT plugins in (jax/_src/xla_bridge.py)
 
@@ -144,8 +146,8 @@ def _backend_started() -> bool:
 def use_cpu_xla_flags() -> XlaFlags:
     """Adds the `CPU_XLA_FLAGS` this jaxlib and TensorFlow take (`cpu_xla_flags`) to $XLA_FLAGS unless the user set
     them (or turned them off with $TPUKIT_XLA_CPU_FLAGS=0), an accelerator backend is installed
-    (`_accelerator_plugins`) or JAX's backend already started (then XLA has read its flags). They apply to XLA:CPU compiles only (a TPU or GPU program is unaffected), for the rest of the process
-    and the processes it starts."""
+    (`_accelerator_plugins`) or JAX's backend already started (then XLA has read its flags). They apply to XLA:CPU
+    compiles only (a TPU or GPU program is unaffected), for the rest of the process and the processes it starts."""
     switch = os.environ.get(CPU_XLA_FLAGS_ENV, "").strip()
     if switch.lower() in ("0", "off", "false", "no"):
         return XlaFlags((), f"none: {CPU_XLA_FLAGS_ENV}={switch}")
@@ -185,10 +187,6 @@ def use_cpu_xla_flags() -> XlaFlags:
     return XlaFlags(
         tuple(wanted), "; ".join(skipped) or f"jaxlib {jaxlib}, {beside}: {CPU_XLA_FLAGS_WHY}"
     )
-
-
-def _dotted(version: tuple[int, int]) -> str:
-    return ".".join(map(str, version))
 
 
 def check_jax() -> str:
