@@ -219,7 +219,7 @@ def test_a_peak_cached_under_load_is_timed_again_and_mfu_stays_at_most_one(tmp_p
     assert 0 < metrics["mfu"] <= 1
 
 
-def _tiny_lm(**runtime):
+def _tiny_lm(eval_split=None, **runtime):
     return from_dict(
         {
             "model": {
@@ -239,7 +239,7 @@ def _tiny_lm(**runtime):
                 "num_classes": 16,
                 "num_examples": 64,
                 "global_batch_size": 16,
-                "eval_split": None,
+                "eval_split": eval_split,
                 "shuffle_buffer": 1,
             },
             "train": {"epochs": 1, "optimizer": "adam", "learning_rate": 0.001},
@@ -249,8 +249,22 @@ def _tiny_lm(**runtime):
     )
 
 
+def test_eval_mode_chooses_xla_as_the_recipes_training_did(tmp_path, monkeypatch):
+    from tpukit.planner import hardware
+
+    lm = _tiny_lm(eval_split="test")
+    trained = run(lm, str(tmp_path))
+    evaluated = run(lm, str(tmp_path), mode="eval")
+    assert trained["jit_compile"] is evaluated["jit_compile"] is False
+    # the estimate is of the recipe's whole training run, not of what is left of it (nothing, here)
+    assert "its 4 training steps are estimated at" in evaluated["jit_compile_reason"]
+    monkeypatch.setattr(hardware, "XLA_CPU_COMPILE_SECONDS", 0.0)
+    assert run(lm, str(tmp_path), mode="eval")["jit_compile"] is True
+
+
 def test_a_cpu_run_compiles_an_attention_model_with_xla_and_a_cnn_without(tmp_path, monkeypatch):
     from tpukit.engines.tensorflow import sparse
+    from tpukit.planner import hardware
 
     asked = []
     original = sparse.combine_repeated_ids
@@ -259,18 +273,28 @@ def test_a_cpu_run_compiles_an_attention_model_with_xla_and_a_cnn_without(tmp_pa
         "combine_repeated_ids",
         lambda optimizer, dense=False: asked.append(dense) or original(optimizer, dense),
     )
+    # 4 steps of a tiny model: XLA's compile would cost more than it saves
+    short = run(_tiny_lm(), str(tmp_path / "short"))
+    assert asked == [False] and short["jit_compile"] is False
+    assert "attention layers (SelfAttention)" in short["jit_compile_reason"]
+    assert "its 4 training steps are estimated at" in short["jit_compile_reason"]
+    assert "a run this short trains faster without XLA" in short["jit_compile_reason"]
+    # a compile that costs nothing stands for a run long enough to earn it back
+    monkeypatch.setattr(hardware, "XLA_CPU_COMPILE_SECONDS", 0.0)
     metrics = run(_tiny_lm(), str(tmp_path / "lm"))
     assert asked == [
-        True
+        False,
+        True,
     ]  # the repeated token ids are summed densely: the step is compiled with XLA
     assert metrics["jit_compile"] is True
     assert "attention layers (SelfAttention)" in metrics["jit_compile_reason"]
+    assert "more than the ~0 s its compile takes" in metrics["jit_compile_reason"]
     # model.keras keeps the choice in its compile config, as if compile had been given it
     with zipfile.ZipFile(tmp_path / "lm" / "model.keras") as saved:
         config = json.loads(saved.read("config.json"))
     assert config["compile_config"]["jit_compile"] is True
     cnn = run(recipe(), str(tmp_path / "cnn"))
-    assert asked == [True, False]
+    assert asked == [False, True, False]
     assert cnn["jit_compile"] is False and "no MultiHeadAttention" in cnn["jit_compile_reason"]
     # tpukit's own step loop compiles no XLA: auto says so
     own_loop = run(_tiny_lm(loop="tpukit", steps_per_execution=2), str(tmp_path / "loop"))

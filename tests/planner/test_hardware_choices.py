@@ -73,6 +73,51 @@ def test_a_cpu_compiles_attention_models_with_xla_and_nothing_else():
         )
 
 
+def test_a_cpu_compiles_attention_with_xla_only_where_the_run_earns_the_compile_back():
+    import keras
+
+    from tpukit.planner import hardware
+
+    attention = {keras.layers.Dense, keras.layers.MultiHeadAttention}
+    peak = 300e9
+    per_step = 1.38e9  # keras-io's text transformer at batch 32
+    # without XLA a step is estimated at per_step / (peak * utilization); XLA saves a fraction of that
+    step_seconds = per_step / (peak * hardware.CPU_UTILIZATION_WITHOUT_XLA)
+    even = hardware.XLA_CPU_COMPILE_SECONDS / (hardware.XLA_CPU_STEP_SAVING * step_seconds)
+
+    def decide(steps, **counted):
+        return hardware.choose_cpu_jit_compile(
+            attention,
+            **({"flops_per_step": per_step, "peak_flops": peak} | counted),
+            train_steps=steps,
+        )
+
+    short = decide(160)  # the benchmark's 2 epochs of 80 steps: ~0.6 s saved, less than a compile
+    assert short.value is False
+    assert "its 160 training steps are estimated at 2.9 s without XLA" in short.reason
+    assert "300 GFLOP/s" in short.reason and "runtime.jit_compile: true" in short.reason
+    long = decide(1564)  # keras-io's 2 epochs of 25,000 reviews
+    assert long.value is True and "its 1564 training steps" in long.reason
+    assert "more than the ~2 s its compile takes" in long.reason
+    # the break-even between the two, in whole steps
+    assert decide(int(even) - 1).value is False and decide(int(even) + 1).value is True
+    # twice the FLOPs per step (or half the peak) halves the steps that earn the compile back
+    assert decide(int(even / 2) + 1, flops_per_step=2 * per_step).value is True
+    assert decide(int(even / 2) + 1, peak_flops=peak / 2).value is True
+    assert decide(int(even / 2) - 1, peak_flops=peak / 2).value is False
+    # nothing counted (a subclassed model, no measured peak): the layers alone decide, as before
+    for uncounted in ({"flops_per_step": None}, {"peak_flops": None}):
+        decision = decide(10, **uncounted)
+        assert decision.value is True and decision.reason.endswith("(tpukit.planner.hardware)")
+    # no attention: no XLA, however long the run
+    assert (
+        hardware.choose_cpu_jit_compile(
+            {keras.layers.Conv2D}, flops_per_step=1e12, peak_flops=peak, train_steps=10**6
+        ).value
+        is False
+    )
+
+
 def test_forced_xla_over_mirrored_replicas_is_refused_with_the_fix():
     with pytest.raises(
         ValueError, match="jit_compile: true does not work with mirrored strategies over 2 replicas"

@@ -5,7 +5,7 @@ digits_cnn: float32 without XLA is the fastest; XLA-compiled float32 ran at 0.3-
 ~0.5-1.0x with or without XLA (without oneDNN, bf16 without XLA was ~15x slower). So CPUs train in float32. Whether
 XLA helps a CPU depends on the model (`choose_cpu_jit_compile`, decided once the model is built): it fuses the
 softmax, masking and normalization around attention's small matmuls, and it loses to oneDNN's convolution and
-large matmul kernels. The tests still compile every model with XLA on the CPU, as the TPU-readiness proxy. TPUs
+large matmul kernels; and on the run's length, since its compile (seconds) is paid once per run. The tests still compile every model with XLA on the CPU, as the TPU-readiness proxy. TPUs
 always compile the step and are built for bfloat16. Keras' own `jit_compile="auto"` turns XLA off on every CPU-only
 machine and under every tf.distribute strategy, including a single GPU, so tpukit decides.
 """
@@ -79,7 +79,9 @@ def choose_jit_compile(requested, kind: str, replicas: int) -> Decision:
         return Decision(False, f"XLA cannot span the {replicas} replicas of a {kind} strategy")
     if kind == "default":
         return Decision(
-            "auto", "on a CPU: decided when the model is built, from its layers (attention: XLA)"
+            "auto",
+            "on a CPU: decided when the model is built, from its layers and the run's length (attention "
+            "layers in a run long enough to earn the compile back: XLA)",
         )
     return Decision(
         True,
@@ -93,9 +95,30 @@ def choose_jit_compile(requested, kind: str, replicas: int) -> Decision:
 ATTENTION_LAYERS = frozenset({"MultiHeadAttention", "GroupedQueryAttention", "SelfAttention"})
 
 
-def choose_cpu_jit_compile(layer_classes) -> Decision:
+# What XLA costs and saves an attention model's run on a CPU, for `choose_cpu_jit_compile`'s estimate. Measured on a
+# 2-core x86 CPU (TF 2.21, Keras 3.15, tpukit.fit / tpukit.run, each with XLA and without, two or three processes
+# each, 2026-11-27):
+# - compiling took 1.2 s more before the first step (causal_lm, 2 layers of width 128, batch 32) and 2.7 s more over
+#   the run (keras-io's text classification transformer, batch 32: 2.2 s for the train function, 0.5 s for the
+#   evaluation's);
+# - the steady step was 1.14-1.19x (text transformer) and 1.49-1.53x (causal_lm) as fast with XLA: XLA saves 12-33%
+#   of the time the training steps take without it;
+# - without XLA those steps reached 17% and 29% of the measured matmul peak (`flops.device_peak_flops`).
+# The constants sit inside those ranges: near the break-even either choice costs about one compile, ~2 s.
+XLA_CPU_COMPILE_SECONDS = 2.0
+XLA_CPU_STEP_SAVING = 0.2
+CPU_UTILIZATION_WITHOUT_XLA = 0.25
+
+
+def choose_cpu_jit_compile(
+    layer_classes,
+    *,
+    flops_per_step: float | None = None,
+    peak_flops: float | None = None,
+    train_steps: int | None = None,
+) -> Decision:
     """`jit_compile` for a model on the CPU (the default strategy, `runtime.jit_compile: auto`), from the classes
-    of its layers (every nested layer's class, with its bases).
+    of its layers (every nested layer's class, with its bases) and, for a model with attention, the run's length.
 
     Measured on a 2-core x86 CPU (TF 2.21, Keras 3.15; `benchmarks/precision_xla.py` and the rows of
     `benchmarks/vs_keras.py`, XLA against no XLA at tpukit's steps_per_execution, the best of 3): XLA made the step
@@ -104,17 +127,42 @@ def choose_cpu_jit_compile(layer_classes) -> Decision:
     faster, and
     0.13x (a 784-128-10 MLP at batch 1024), 0.17x (keras-io's mnist_convnet), 0.57-0.76x (small CNNs) and 0.62x
     (ResNet-8) as fast.
+
+    XLA's compile is paid once per run: a run whose `train_steps` are estimated (from `flops_per_step` and the
+    devices' `peak_flops`, at `CPU_UTILIZATION_WITHOUT_XLA`) to take less than `XLA_CPU_COMPILE_SECONDS /
+    XLA_CPU_STEP_SAVING` without XLA trains without it. The estimate is for the whole run, not for what is left of
+    it, so a resumed run makes the choice its first part made (and computes the same way); nothing is timed, so
+    the same model, batch and hardware always get the same choice. Without a FLOP count or a peak, attention
+    alone decides.
     """
     names = {cls.__name__ for layer_class in layer_classes for cls in layer_class.__mro__}
     attention = sorted(names & ATTENTION_LAYERS)
-    if attention:
+    if not attention:
         return Decision(
-            True,
-            f"the model has attention layers ({', '.join(attention)}): on a CPU XLA made such steps 1.2-1.6x "
-            "faster (tpukit.planner.hardware)",
+            False,
+            "no MultiHeadAttention, GroupedQueryAttention or SelfAttention layer: on a CPU XLA made convolution and "
+            "dense steps 1.3-8x slower (tpukit.planner.hardware)",
+        )
+    layers = (
+        f"the model has attention layers ({', '.join(attention)}): on a CPU XLA made such steps 1.2-1.6x "
+        "faster (tpukit.planner.hardware)"
+    )
+    if not (flops_per_step and peak_flops and train_steps):
+        return Decision(True, layers)
+    seconds = train_steps * flops_per_step / (peak_flops * CPU_UTILIZATION_WITHOUT_XLA)
+    saved = seconds * XLA_CPU_STEP_SAVING
+    estimate = (
+        f"its {train_steps} training steps are estimated at {seconds:.1f} s without XLA ({flops_per_step:.3g} "
+        f"FLOPs per step at {CPU_UTILIZATION_WITHOUT_XLA:.0%} of a measured {peak_flops / 1e9:.0f} GFLOP/s), "
+        f"so XLA would save about {saved:.1f} s"
+    )
+    if saved < XLA_CPU_COMPILE_SECONDS:
+        return Decision(
+            False,
+            f"{layers}, but {estimate}, less than the ~{XLA_CPU_COMPILE_SECONDS:g} s its compile takes: a run "
+            "this short trains faster without XLA (runtime.jit_compile: true compiles it anyway)",
         )
     return Decision(
-        False,
-        "no MultiHeadAttention, GroupedQueryAttention or SelfAttention layer: on a CPU XLA made convolution and "
-        "dense steps 1.3-8x slower (tpukit.planner.hardware)",
+        True,
+        f"{layers}; {estimate}, more than the ~{XLA_CPU_COMPILE_SECONDS:g} s its compile takes",
     )

@@ -163,10 +163,16 @@ def decide_steps_per_execution(
     return the_plan.resolved(chosen), why
 
 
-def decide_jit_compile(the_plan: Plan, model) -> Plan:
-    """The plan with `jit_compile: "auto"` (a CPU) decided from the built model's layers
-    (`tpukit.planner.hardware.choose_cpu_jit_compile`), set on `model` before its train function is made, and kept
-    in the compile config `model.keras` saves. Any other plan is returned as it is."""
+def decide_jit_compile(
+    the_plan: Plan,
+    model,
+    flops_per_example: float | None = None,
+    peak_flops: float | None = None,
+) -> Plan:
+    """The plan with `jit_compile: "auto"` (a CPU) decided from the built model's layers and the run's estimated
+    length (`tpukit.planner.hardware.choose_cpu_jit_compile`: the whole run's steps, the model's FLOPs, the
+    measured peak), set on `model` before its train function is made, and kept in the compile config `model.keras`
+    saves. Any other plan is returned as it is."""
     if the_plan.jit_compile != "auto":
         return the_plan
     if the_plan.recipe.runtime.loop == "tpukit":
@@ -174,7 +180,14 @@ def decide_jit_compile(the_plan: Plan, model) -> Plan:
             False, "runtime.loop: tpukit runs its own step loop, which is not compiled with XLA"
         )
     else:
-        decision = hardware_choices.choose_cpu_jit_compile(keras_private.layer_classes(model))
+        decision = hardware_choices.choose_cpu_jit_compile(
+            keras_private.layer_classes(model),
+            flops_per_step=(
+                flops_per_example * the_plan.global_batch_size if flops_per_example else None
+            ),
+            peak_flops=peak_flops,
+            train_steps=the_plan.total_steps,
+        )
     reason = decision.reason
     if decision.value:
         # Keras' setter turns it off, with a warning, where the model cannot compile.
@@ -413,13 +426,6 @@ def build(the_plan: Plan) -> Session:
         raise
     except ValueError as error:  # builder or optimizer arguments that do not fit together
         raise RecipeError(f"{recipe.path}: {error}") from None
-    the_plan = decide_jit_compile(the_plan, model)
-    # Keras' TensorFlow optimizers apply a repeated embedding id's gradient once per occurrence
-    # (tensorflow/tensorflow#28090): one summed gradient per row, as the optimizer's definition (and JAX) says;
-    # dense where the step is compiled with XLA (see sparse.py).
-    sparse.combine_repeated_ids(
-        model.optimizer, dense=the_plan.jit_compile is True or the_plan.strategy_kind == "tpu"
-    )
     flops_per_example = flops.model_flops_per_example(model)
     peak_flops, peak_source = (None, "")
     if the_plan.training:
@@ -427,6 +433,23 @@ def build(the_plan: Plan) -> Session:
             the_plan.strategy_kind, None, the_plan.replicas, precision=the_plan.precision
         )
         logger.info("tpukit: %s", peak_source)
+    the_plan = decide_jit_compile(
+        the_plan,
+        model,
+        flops_per_example,
+        # mode eval makes the choice the recipe's training made (the estimate is of the whole training run)
+        peak_flops
+        if the_plan.training or the_plan.jit_compile != "auto"
+        else flops.device_peak_flops(
+            the_plan.strategy_kind, None, the_plan.replicas, precision=the_plan.precision
+        )[0],
+    )
+    # Keras' TensorFlow optimizers apply a repeated embedding id's gradient once per occurrence
+    # (tensorflow/tensorflow#28090): one summed gradient per row, as the optimizer's definition (and JAX) says;
+    # dense where the step is compiled with XLA (see sparse.py).
+    sparse.combine_repeated_ids(
+        model.optimizer, dense=the_plan.jit_compile is True or the_plan.strategy_kind == "tpu"
+    )
     the_plan, decision = decide_steps_per_execution(the_plan, model, flops_per_example, peak_flops)
     # Keras 3.15's own train function fails with steps_per_execution > 1 on 2+ Mirrored replicas
     # (keras-team/keras#19246) and on every MultiWorkerMirroredStrategy; see loop.py.
