@@ -219,7 +219,7 @@ def test_a_peak_cached_under_load_is_timed_again_and_mfu_stays_at_most_one(tmp_p
     assert 0 < metrics["mfu"] <= 1
 
 
-def _tiny_lm(eval_split=None, **runtime):
+def _tiny_lm(eval_split=None, epochs=1, **runtime):
     return from_dict(
         {
             "model": {
@@ -242,22 +242,27 @@ def _tiny_lm(eval_split=None, **runtime):
                 "eval_split": eval_split,
                 "shuffle_buffer": 1,
             },
-            "train": {"epochs": 1, "optimizer": "adam", "learning_rate": 0.001},
+            "train": {"epochs": epochs, "optimizer": "adam", "learning_rate": 0.001},
             "runtime": {"verbose": 0, **runtime},
         },
         "lm.yaml",
     )
 
 
-def test_eval_mode_chooses_xla_as_the_recipes_training_did(tmp_path, monkeypatch):
+def test_a_resumed_run_and_eval_mode_choose_xla_as_the_recipes_training_did(tmp_path, monkeypatch):
     from tpukit.planner import hardware
 
-    lm = _tiny_lm(eval_split="test")
-    trained = run(lm, str(tmp_path))
+    lm = _tiny_lm(eval_split="test", epochs=2)  # 8 steps
+    monkeypatch.setenv("TPUKIT_TEST_SIGTERM_AT_STEP", "4")
+    assert run(lm, str(tmp_path))["status"] == "preempted"
+    monkeypatch.delenv("TPUKIT_TEST_SIGTERM_AT_STEP")
+    resumed = run(lm, str(tmp_path))
     evaluated = run(lm, str(tmp_path), mode="eval")
-    assert trained["jit_compile"] is evaluated["jit_compile"] is False
-    # the estimate is of the recipe's whole training run, not of what is left of it (nothing, here)
-    assert "its 4 training steps are estimated at" in evaluated["jit_compile_reason"]
+    assert resumed["resumed_from_step"] == 4 and resumed["step"] == 8
+    assert resumed["jit_compile"] is evaluated["jit_compile"] is False
+    # the estimate is of the recipe's whole training run, not of what is left of it (4 steps, then none)
+    for metrics in (resumed, evaluated):
+        assert "its 8 training steps are estimated at" in metrics["jit_compile_reason"]
     monkeypatch.setattr(hardware, "XLA_CPU_COMPILE_SECONDS", 0.0)
     assert run(lm, str(tmp_path), mode="eval")["jit_compile"] is True
 

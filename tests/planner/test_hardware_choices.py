@@ -81,9 +81,13 @@ def test_a_cpu_compiles_attention_with_xla_only_where_the_run_earns_the_compile_
     attention = {keras.layers.Dense, keras.layers.MultiHeadAttention}
     peak = 300e9
     per_step = 1.38e9  # keras-io's text transformer at batch 32
-    # without XLA a step is estimated at per_step / (peak * utilization); XLA saves a fraction of that
-    step_seconds = per_step / (peak * hardware.CPU_UTILIZATION_WITHOUT_XLA)
-    even = hardware.XLA_CPU_COMPILE_SECONDS / (hardware.XLA_CPU_STEP_SAVING * step_seconds)
+
+    def even(flops, peak_flops):
+        """The steps whose estimated saving equals the compile: FLOPs at the assumed utilization, plus a fixed
+        cost per step."""
+        step = flops / (peak_flops * hardware.CPU_UTILIZATION_WITHOUT_XLA)
+        step += hardware.CPU_STEP_OVERHEAD_SECONDS
+        return hardware.XLA_CPU_COMPILE_SECONDS / (hardware.XLA_CPU_STEP_SAVING * step)
 
     def decide(steps, **counted):
         return hardware.choose_cpu_jit_compile(
@@ -92,23 +96,37 @@ def test_a_cpu_compiles_attention_with_xla_only_where_the_run_earns_the_compile_
             train_steps=steps,
         )
 
-    short = decide(160)  # the benchmark's 2 epochs of 80 steps: ~0.9 s saved, less than a compile
+    short = decide(160)  # the benchmark's 2 epochs of 80 steps: ~1 s saved, less than a compile
     assert short.value is False
-    assert "its 160 training steps are estimated at 2.9 s without XLA" in short.reason
-    assert "300 GFLOP/s" in short.reason and "runtime.jit_compile: true" in short.reason
+    assert "its 160 training steps are estimated at 3.4 s without XLA" in short.reason
+    assert "300 GFLOP/s, plus 3 ms per step" in short.reason
+    assert "runtime.jit_compile: true" in short.reason
     long = decide(1564)  # keras-io's 2 epochs of 25,000 reviews
     assert long.value is True and "its 1564 training steps" in long.reason
     assert "more than the ~1.5 s its compile takes" in long.reason
-    # the break-even between the two, in whole steps
-    assert decide(int(even) - 1).value is False and decide(int(even) + 1).value is True
-    # twice the FLOPs per step (or half the peak) halves the steps that earn the compile back
-    assert decide(int(even / 2) + 1, flops_per_step=2 * per_step).value is True
-    assert decide(int(even / 2) + 1, peak_flops=peak / 2).value is True
-    assert decide(int(even / 2) - 1, peak_flops=peak / 2).value is False
-    # nothing counted (a subclassed model, no measured peak): the layers alone decide, as before
-    for uncounted in ({"flops_per_step": None}, {"peak_flops": None}):
+    # the break-even, in whole steps
+    steps = even(per_step, peak)
+    assert decide(int(steps) - 1).value is False and decide(int(steps) + 1).value is True
+    # more FLOPs per step or a slower machine: fewer steps earn the compile back
+    for counted in ({"flops_per_step": 2 * per_step}, {"peak_flops": peak / 2}):
+        fewer = even(counted.get("flops_per_step", per_step), counted.get("peak_flops", peak))
+        assert fewer < steps / 1.5
+        assert decide(int(fewer) + 1, **counted).value is True
+        assert decide(int(fewer) - 1, **counted).value is False
+    # a tiny model's steps cost more than their FLOPs: 4,800 steps of one small attention layer, which XLA trained
+    # faster as a whole process (hardware.py's comment), get XLA
+    assert decide(4800, flops_per_step=1.57e7).value is True
+    assert decide(100, flops_per_step=1.57e7).value is False
+    # nothing counted (a subclassed model, no measured peak): the layers alone decide, and the reason says so
+    for uncounted, missing in (
+        ({"flops_per_step": None}, "no FLOP count for this model"),
+        ({"peak_flops": None}, "no measured peak FLOP/s"),
+    ):
         decision = decide(10, **uncounted)
-        assert decision.value is True and decision.reason.endswith("(tpukit.planner.hardware)")
+        assert decision.value is True
+        assert (
+            f"the run's length was not weighed against XLA's compile: {missing}" in decision.reason
+        )
     # no attention: no XLA, however long the run
     assert (
         hardware.choose_cpu_jit_compile(

@@ -103,7 +103,10 @@ ATTENTION_LAYERS = frozenset({"MultiHeadAttention", "GroupedQueryAttention", "Se
 #   evaluation's);
 # - the steady step was 1.14-1.19x (text transformer) and 1.49-1.53x (causal_lm) as fast with XLA: XLA saves 12-33%
 #   of the time the training steps take without it;
-# - without XLA those steps reached 17% and 29% of the measured matmul peak (`flops.device_peak_flops`).
+# - without XLA those steps reached 17% and 29% of the measured matmul peak (`flops.device_peak_flops`);
+# - a step has a cost its FLOPs do not count (dispatching the graph's ops): a model of one MultiHeadAttention layer
+#   on 16x32 inputs, batch 32, took 3.5 ms per step without XLA, of which its FLOPs at 25% of the peak are 0.2 ms
+#   (4,800 steps: 18.2-18.8 s whole process without XLA, 15.9-16.0 s with it; found by the review of e16cffa).
 # The constants lean toward XLA within those ranges (a cheap compile, a large saving: XLA once the steps are estimated
 # at 5 s without it), since a wrong "off" costs up to a third of every step of the run and a wrong "on" one compile.
 # They decide both rows as measured: causal_lm's 40 steps (6.5 s estimated; 1.9 s saved for 1.2 s of compile) with
@@ -111,6 +114,13 @@ ATTENTION_LAYERS = frozenset({"MultiHeadAttention", "GroupedQueryAttention", "Se
 XLA_CPU_COMPILE_SECONDS = 1.5
 XLA_CPU_STEP_SAVING = 0.3
 CPU_UTILIZATION_WITHOUT_XLA = 0.25
+CPU_STEP_OVERHEAD_SECONDS = 0.003
+
+
+def attention_layers(layer_classes) -> list[str]:
+    """The names of `ATTENTION_LAYERS` among `layer_classes` and their bases, sorted."""
+    names = {cls.__name__ for layer_class in layer_classes for cls in layer_class.__mro__}
+    return sorted(names & ATTENTION_LAYERS)
 
 
 def choose_cpu_jit_compile(
@@ -131,15 +141,16 @@ def choose_cpu_jit_compile(
     0.13x (a 784-128-10 MLP at batch 1024), 0.17x (keras-io's mnist_convnet), 0.57-0.76x (small CNNs) and 0.62x
     (ResNet-8) as fast.
 
-    XLA's compile is paid once per run: a run whose `train_steps` are estimated (from `flops_per_step` and the
-    devices' `peak_flops`, at `CPU_UTILIZATION_WITHOUT_XLA`) to take less than `XLA_CPU_COMPILE_SECONDS /
-    XLA_CPU_STEP_SAVING` without XLA trains without it. The estimate is for the whole run, not for what is left of
-    it, so a resumed run makes the choice its first part made (and computes the same way); nothing is timed, so
-    the same model, batch and hardware always get the same choice. Without a FLOP count or a peak, attention
-    alone decides.
+    XLA's compile is paid once per run: a run whose `train_steps` are estimated (each step at `flops_per_step` over
+    the devices' `peak_flops` at `CPU_UTILIZATION_WITHOUT_XLA`, plus `CPU_STEP_OVERHEAD_SECONDS`) to take less than
+    `XLA_CPU_COMPILE_SECONDS / XLA_CPU_STEP_SAVING` without XLA trains without it. The estimate is for the whole
+    run, not for what is left of it, so a resumed run makes the choice its first part made (and computes the same
+    way). The step is not timed: the peak is the machine's matmul rate, timed once and cached
+    (`flops.measured_peak_flops`), so the same model, batch and machine get the same choice, except where the cache
+    cannot be kept and each run times the peak under its own load. Without a FLOP count or a peak, attention alone
+    decides, and the reason says the run's length was not weighed.
     """
-    names = {cls.__name__ for layer_class in layer_classes for cls in layer_class.__mro__}
-    attention = sorted(names & ATTENTION_LAYERS)
+    attention = attention_layers(layer_classes)
     if not attention:
         return Decision(
             False,
@@ -151,13 +162,18 @@ def choose_cpu_jit_compile(
         "faster (tpukit.planner.hardware)"
     )
     if not (flops_per_step and peak_flops and train_steps):
-        return Decision(True, layers)
-    seconds = train_steps * flops_per_step / (peak_flops * CPU_UTILIZATION_WITHOUT_XLA)
+        missing = "FLOP count for this model" if not flops_per_step else "measured peak FLOP/s"
+        return Decision(
+            True,
+            f"{layers} (the run's length was not weighed against XLA's compile: no {missing})",
+        )
+    step = flops_per_step / (peak_flops * CPU_UTILIZATION_WITHOUT_XLA) + CPU_STEP_OVERHEAD_SECONDS
+    seconds = train_steps * step
     saved = seconds * XLA_CPU_STEP_SAVING
     estimate = (
         f"its {train_steps} training steps are estimated at {seconds:.1f} s without XLA ({flops_per_step:.3g} "
-        f"FLOPs per step at {CPU_UTILIZATION_WITHOUT_XLA:.0%} of a measured {peak_flops / 1e9:.0f} GFLOP/s), "
-        f"so XLA would save about {saved:.1f} s"
+        f"FLOPs per step at {CPU_UTILIZATION_WITHOUT_XLA:.0%} of a measured {peak_flops / 1e9:.0f} GFLOP/s, "
+        f"plus {CPU_STEP_OVERHEAD_SECONDS * 1e3:g} ms per step), so XLA would save about {saved:.1f} s"
     )
     if saved < XLA_CPU_COMPILE_SECONDS:
         return Decision(

@@ -167,12 +167,13 @@ def decide_jit_compile(
     the_plan: Plan,
     model,
     flops_per_example: float | None = None,
-    peak_flops: float | None = None,
+    peak_flops: float | Callable[[], float | None] | None = None,
 ) -> Plan:
     """The plan with `jit_compile: "auto"` (a CPU) decided from the built model's layers and the run's estimated
     length (`tpukit.planner.hardware.choose_cpu_jit_compile`: the whole run's steps, the model's FLOPs, the
-    measured peak), set on `model` before its train function is made, and kept in the compile config `model.keras`
-    saves. Any other plan is returned as it is."""
+    measured peak, or a function that reads it, called only for a model with attention layers), set on `model`
+    before its train function is made, and kept in the compile config `model.keras` saves. Any other plan is
+    returned as it is."""
     if the_plan.jit_compile != "auto":
         return the_plan
     if the_plan.recipe.runtime.loop == "tpukit":
@@ -180,8 +181,11 @@ def decide_jit_compile(
             False, "runtime.loop: tpukit runs its own step loop, which is not compiled with XLA"
         )
     else:
+        classes = keras_private.layer_classes(model)
+        if callable(peak_flops):
+            peak_flops = peak_flops() if hardware_choices.attention_layers(classes) else None
         decision = hardware_choices.choose_cpu_jit_compile(
-            keras_private.layer_classes(model),
+            classes,
             flops_per_step=(
                 flops_per_example * the_plan.global_batch_size if flops_per_example else None
             ),
@@ -437,10 +441,11 @@ def build(the_plan: Plan) -> Session:
         the_plan,
         model,
         flops_per_example,
-        # mode eval makes the choice the recipe's training made (the estimate is of the whole training run)
+        # mode eval makes the choice the recipe's training made (the estimate is of the whole training run), so
+        # it reads the peak too where the choice needs it
         peak_flops
-        if the_plan.training or the_plan.jit_compile != "auto"
-        else flops.device_peak_flops(
+        if the_plan.training
+        else lambda: flops.device_peak_flops(
             the_plan.strategy_kind, None, the_plan.replicas, precision=the_plan.precision
         )[0],
     )
