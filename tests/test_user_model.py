@@ -522,3 +522,14 @@ def test_fit_compiles_an_attention_model_with_xla_or_trains_it_without(
     # asked for by the user, XLA is not second-guessed: the error is raised
     with pytest.raises(Exception, match="EagerPyFunc|unsupported operations"):
         fit(True, "forced", jit_compile=True)
+
+
+def test_fit_refuses_a_built_model_in_place_of_its_builder_and_says_how(tmp_path):
+    x, y = _arrays()
+    for given, what in ((build(), "Sequential instance"), ("build", "str value")):
+        with pytest.raises(RecipeError) as info:
+            tpukit.fit(given, x, y, epochs=1, batch_size=64, output_dir=str(tmp_path))
+        message = str(info.value)
+        assert "model_fn must be a function that builds and returns a new keras.Model" in message
+        assert f"received a {what}" in message and "init_weights='trained.keras'" in message
+    assert not (tmp_path / "metrics.json").exists()  # refused before anything was written

@@ -167,6 +167,15 @@ def fit(
     """
     from tpukit.runner import run
 
+    if _is_keras_layer(model_fn) or not callable(model_fn):
+        raise RecipeError(
+            "tpukit.fit: model_fn must be a function that builds and returns a new keras.Model (tpukit calls it "
+            "under the strategy's scope, so that its variables live on the devices that train); received a "
+            f"{type(model_fn).__name__} {'instance' if callable(model_fn) else 'value'}. Fix: pass the function "
+            "that builds it, e.g. tpukit.fit(build_model, x, y, ...) or tpukit.fit(lambda: make_model(), ...); "
+            "to start from a trained model's weights, save it (model.save('trained.keras')) and add "
+            "init_weights='trained.keras'."
+        )
     if (x is None) == (dataset_fn is None):
         raise RecipeError(
             "tpukit.fit: pass either x and y (arrays) or dataset_fn, not both and not neither."
@@ -300,6 +309,14 @@ def _objects(named: dict) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def _is_keras_layer(value) -> bool:
+    """Whether `value` is a Keras layer or model (callable, but a built object rather than a builder)."""
+    return any(
+        cls.__name__ == "Layer" and cls.__module__.startswith("keras")
+        for cls in type(value).__mro__
+    )
+
+
 def _registered(name: str, model_fn: Callable, source: Callable) -> Iterator[None]:
     """`name` as a model and a source for the duration of one `fit`; afterwards (returned or raised) the
     registries hold what they held before, so no closure over the caller's arrays outlives the call."""
