@@ -308,7 +308,6 @@ def _objects(named: dict) -> Iterator[None]:
             OBJECTS.pop(key, None)
 
 
-@contextlib.contextmanager
 def _is_keras_layer(value) -> bool:
     """Whether `value` is a Keras layer or model (callable, but a built object rather than a builder)."""
     return any(
@@ -317,6 +316,7 @@ def _is_keras_layer(value) -> bool:
     )
 
 
+@contextlib.contextmanager
 def _registered(name: str, model_fn: Callable, source: Callable) -> Iterator[None]:
     """`name` as a model and a source for the duration of one `fit`; afterwards (returned or raised) the
     registries hold what they held before, so no closure over the caller's arrays outlives the call."""
