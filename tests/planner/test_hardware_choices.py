@@ -118,11 +118,12 @@ def test_a_cpu_compiles_attention_with_xla_only_where_the_run_earns_the_compile_
     assert decide(4800, flops_per_step=1.57e7).value is True
     assert decide(100, flops_per_step=1.57e7).value is False
     # nothing counted (a subclassed model, no measured peak): the layers alone decide, and the reason says so
-    for uncounted, missing in (
-        ({"flops_per_step": None}, "no FLOP count for this model"),
-        ({"peak_flops": None}, "no measured peak FLOP/s"),
+    for steps, uncounted, missing in (
+        (10, {"flops_per_step": None}, "no FLOP count for this model"),
+        (10, {"peak_flops": None}, "no measured peak FLOP/s"),
+        (None, {}, "no count of training steps"),
     ):
-        decision = decide(10, **uncounted)
+        decision = decide(steps, **uncounted)
         assert decision.value is True
         assert (
             f"the run's length was not weighed against XLA's compile: {missing}" in decision.reason

@@ -109,8 +109,8 @@ ATTENTION_LAYERS = frozenset({"MultiHeadAttention", "GroupedQueryAttention", "Se
 #   (4,800 steps: 18.2-18.8 s whole process without XLA, 15.9-16.0 s with it; found by the review of e16cffa).
 # The constants lean toward XLA within those ranges (a cheap compile, a large saving: XLA once the steps are estimated
 # at 5 s without it), since a wrong "off" costs up to a third of every step of the run and a wrong "on" one compile.
-# They decide both rows as measured: causal_lm's 40 steps (6.5 s estimated; 1.9 s saved for 1.2 s of compile) with
-# XLA, the text transformer's 160 (2.9 s estimated; 0.4 s saved for 2.7 s) without.
+# They decide both rows as measured: causal_lm's 40 steps (6.6 s estimated; 1.9 s saved for 1.2 s of compile) with
+# XLA, the text transformer's 160 (3.4 s estimated; 0.4 s saved for 2.7 s) without.
 XLA_CPU_COMPILE_SECONDS = 1.5
 XLA_CPU_STEP_SAVING = 0.3
 CPU_UTILIZATION_WITHOUT_XLA = 0.25
@@ -162,7 +162,13 @@ def choose_cpu_jit_compile(
         "faster (tpukit.planner.hardware)"
     )
     if not (flops_per_step and peak_flops and train_steps):
-        missing = "FLOP count for this model" if not flops_per_step else "measured peak FLOP/s"
+        missing = (
+            "FLOP count for this model"
+            if not flops_per_step
+            else "measured peak FLOP/s"
+            if not peak_flops
+            else "count of training steps"
+        )
         return Decision(
             True,
             f"{layers} (the run's length was not weighed against XLA's compile: no {missing})",

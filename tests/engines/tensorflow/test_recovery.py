@@ -395,10 +395,19 @@ def test_a_bad_checkpoint_path_and_a_missing_checkpoint_are_refused_before_any_m
         run(recipe(), str(tmp_path), mode="eval")
 
 
-def test_eval_mode_decides_no_steps_per_execution(tmp_path, caplog):
+def test_eval_mode_decides_no_steps_per_execution(tmp_path, caplog, monkeypatch):
+    from tpukit.engines.tensorflow import flops
+
     run(recipe(), str(tmp_path))
+    timed = []
+    original = flops.device_peak_flops
+    monkeypatch.setattr(
+        flops, "device_peak_flops", lambda *a, **k: timed.append(a) or original(*a, **k)
+    )
     with caplog.at_level(logging.INFO, logger="tpukit"):
         metrics = run(recipe(**{"runtime.steps_per_execution": "auto"}), str(tmp_path), mode="eval")
+    # nothing trains, and a CNN's jit_compile choice does not need the peak: it is not read (nor timed)
+    assert timed == [] and metrics["jit_compile"] is False
     assert "steps_per_execution auto" not in caplog.text
     assert metrics["steps_per_execution"] == 1
     assert metrics["steps_per_execution_decision"]["rule"].startswith("mode eval")

@@ -183,7 +183,9 @@ def decide_jit_compile(
     else:
         classes = keras_private.layer_classes(model)
         if callable(peak_flops):
-            peak_flops = peak_flops() if hardware_choices.attention_layers(classes) else None
+            # only where it can change the choice: an attention model whose FLOPs were counted
+            needed = flops_per_example and hardware_choices.attention_layers(classes)
+            peak_flops = peak_flops() if needed else None
         decision = hardware_choices.choose_cpu_jit_compile(
             classes,
             flops_per_step=(
