@@ -5,8 +5,9 @@ digits_cnn: float32 without XLA is the fastest; XLA-compiled float32 ran at 0.3-
 ~0.5-1.0x with or without XLA (without oneDNN, bf16 without XLA was ~15x slower). So CPUs train in float32. Whether
 XLA helps a CPU depends on the model (`choose_cpu_jit_compile`, decided once the model is built): it fuses the
 softmax, masking and normalization around attention's small matmuls, and it loses to oneDNN's convolution and
-large matmul kernels; and on the run's length, since its compile (seconds) is paid once per run. The tests still compile every model with XLA on the CPU, as the TPU-readiness proxy. TPUs
-always compile the step and are built for bfloat16. Keras' own `jit_compile="auto"` turns XLA off on every CPU-only
+large matmul kernels; and on the run's length, since its compile (seconds) is paid once per run. The tests still
+compile every model with XLA on the CPU, as the TPU-readiness proxy. TPUs always compile the step and are built for
+bfloat16. Keras' own `jit_compile="auto"` turns XLA off on every CPU-only
 machine and under every tf.distribute strategy, including a single GPU, so tpukit decides.
 """
 
