@@ -167,11 +167,11 @@ def decide_jit_compile(
     the_plan: Plan,
     model,
     flops_per_example: float | None = None,
-    peak_flops: float | Callable[[], float | None] | None = None,
+    read_peak: Callable[[], float | None] | None = None,
 ) -> Plan:
     """The plan with `jit_compile: "auto"` (a CPU) decided from the built model's layers and the run's estimated
     length (`tpukit.planner.hardware.choose_cpu_jit_compile`: the whole run's steps, the model's FLOPs, the
-    measured peak, or a function that reads it, called only for a model with attention layers), set on `model`
+    measured peak, which `read_peak` returns and is called for only where it can change the choice), set on `model`
     before its train function is made, and kept in the compile config `model.keras` saves. Any other plan is
     returned as it is."""
     if the_plan.jit_compile != "auto":
@@ -182,16 +182,14 @@ def decide_jit_compile(
         )
     else:
         classes = keras_private.layer_classes(model)
-        if callable(peak_flops):
-            # only where it can change the choice: an attention model whose FLOPs were counted
-            needed = flops_per_example and hardware_choices.attention_layers(classes)
-            peak_flops = peak_flops() if needed else None
+        # the peak only where it can change the choice: an attention model whose FLOPs were counted
+        needed = read_peak and flops_per_example and hardware_choices.attention_layers(classes)
         decision = hardware_choices.choose_cpu_jit_compile(
             classes,
             flops_per_step=(
                 flops_per_example * the_plan.global_batch_size if flops_per_example else None
             ),
-            peak_flops=peak_flops,
+            peak_flops=read_peak() if needed else None,
             train_steps=the_plan.total_steps,
         )
     reason = decision.reason
@@ -433,11 +431,18 @@ def build(the_plan: Plan) -> Session:
     except ValueError as error:  # builder or optimizer arguments that do not fit together
         raise RecipeError(f"{recipe.path}: {error}") from None
     flops_per_example = flops.model_flops_per_example(model)
+    strategy_kind, replicas, precision = (
+        the_plan.strategy_kind,
+        the_plan.replicas,
+        the_plan.precision,
+    )
+
+    def device_peak() -> tuple[float | None, str]:
+        return flops.device_peak_flops(strategy_kind, None, replicas, precision=precision)
+
     peak_flops, peak_source = (None, "")
     if the_plan.training:
-        peak_flops, peak_source = flops.device_peak_flops(
-            the_plan.strategy_kind, None, the_plan.replicas, precision=the_plan.precision
-        )
+        peak_flops, peak_source = device_peak()
         logger.info("tpukit: %s", peak_source)
     the_plan = decide_jit_compile(
         the_plan,
@@ -445,11 +450,7 @@ def build(the_plan: Plan) -> Session:
         flops_per_example,
         # mode eval makes the choice the recipe's training made (the estimate is of the whole training run), so
         # it reads the peak too where the choice needs it
-        peak_flops
-        if the_plan.training
-        else lambda: flops.device_peak_flops(
-            the_plan.strategy_kind, None, the_plan.replicas, precision=the_plan.precision
-        )[0],
+        (lambda: peak_flops) if the_plan.training else (lambda: device_peak()[0]),
     )
     # Keras' TensorFlow optimizers apply a repeated embedding id's gradient once per occurrence
     # (tensorflow/tensorflow#28090): one summed gradient per row, as the optimizer's definition (and JAX) says;
