@@ -17,9 +17,10 @@ transformer, and keras-io's mnist_convnet and text_transformer), three variants,
   set); text_transformer's script ends at `fit`, and is given the same `evaluate` as the others, since tpukit
   evaluates at the end.
 * (b) plain Keras hand-tuned with what tpukit chose in (c) of the same round:
-  the strategy kind, precision, `jit_compile`, `steps_per_execution`, and a hand-written `tf.data` pipeline
-  (cache, shuffle, repeat, batch with `drop_remainder`, prefetch AUTOTUNE, non-deterministic order) with
-  `verbose=2`.
+  the strategy kind, precision, `jit_compile`, `steps_per_execution`, on jax the XLA:CPU flags tpukit added, and
+  a hand-written `tf.data` pipeline (cache, shuffle, repeat, batch with `drop_remainder`, prefetch AUTOTUNE,
+  non-deterministic order) with `verbose=2`. Not the jax engine's unrolled threefry lowering on CPU (jax internals
+  a script does not touch; docs/engines.md), nor the TF engine's combining of repeated embedding ids.
 * (c) tpukit: `tpukit.fit` with the row's model builder and arrays, as a user hands tpukit their own model (MLP;
   mnist_convnet and text_transformer also with their loss and metrics by name, and mnist_convnet with its
   `validation_split=0.1`), or `tpukit.run` on the

@@ -81,3 +81,13 @@ def test_the_export_process_started_early_exports_and_ends(runs):
         exported = result["metrics"]["exported"]
         assert os.path.isdir(exported["saved_model"]) and os.path.isfile(exported["keras"])
         assert result["open_exports"] == 0
+
+
+def test_the_run_records_its_threefry_lowering(runs):
+    # jax 0.10 gets the unrolled CPU lowering (test_jax_threefry.py); another jax says why not.
+    from importlib import metadata
+
+    from tpukit.engines.jax import compat
+
+    recorded = runs["auto"]["metrics"]["jax_cpu_threefry"]
+    assert recorded == compat.threefry_choice(metadata.version("jax"), "").as_dict()

@@ -1,0 +1,99 @@
+"""jax's unrolled threefry lowering on XLA:CPU (`tpukit.engines.jax.compat.use_unrolled_threefry_on_cpu`): after it,
+a CPU program draws its random bits without the rolled while loop and draws the same bits (raw bits, and Keras'
+dropout mask with a fixed seed, compared with the ones jax's own CPU lowering drew in the same process); the off
+switch and another jax keep jax's lowering and say why; a jax engine run records what it did. Nothing here measures
+speed (compat.py has the measurements, benchmarks/vs_keras.py the whole runs)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from helpers import REPO
+
+from tpukit.engines.jax import compat
+
+# One process: a lowering rule, once registered, stays for the process.
+CHILD = """
+import json
+import jax, jax.numpy as jnp
+import keras
+from tpukit.engines.jax import compat
+
+def draw():
+    # Fresh functions each time: jit caches a compiled program per function.
+    bits = jax.jit(lambda key: jax.random.bits(key, (4096,)))
+    dropout = jax.jit(lambda x: keras.random.dropout(x, 0.3, seed=7))
+    key = jax.random.key(11)
+    text = bits.lower(key).as_text()
+    return (bits(key).tolist(), (dropout(jnp.ones((64, 48))) == 0).tolist(), "stablehlo.while" in text)
+
+bits, mask, loop = draw()
+choice = compat.use_unrolled_threefry_on_cpu()
+bits_after, mask_after, loop_after = draw()
+print("RESULT " + json.dumps({
+    "choice": choice.as_dict(), "same_bits": bits == bits_after, "same_mask": mask == mask_after,
+    "dropped": sum(map(sum, mask)), "loop_before": loop, "loop_after": loop_after,
+}))
+"""
+
+
+def _child(**env) -> dict:
+    environment = {k: v for k, v in os.environ.items() if k != compat.CPU_THREEFRY_ENV}
+    environment.update(
+        KERAS_BACKEND="jax",
+        JAX_PLATFORMS="cpu",
+        TF_CPP_MIN_LOG_LEVEL="2",
+        PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]),
+        **env,
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=environment,
+        timeout=300,
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert done.returncode == 0 and lines, done.stdout[-2000:] + done.stderr[-3000:]
+    return json.loads(lines[0][len("RESULT ") :])
+
+
+def _measured_jax() -> bool:
+    from importlib import metadata
+
+    return compat.threefry_choice(metadata.version("jax"), "").unrolled
+
+
+@pytest.mark.skipif(
+    not _measured_jax(), reason="the unrolled lowering is registered on jax 0.10 only"
+)
+def test_the_unrolled_lowering_draws_the_same_bits_without_the_while_loop():
+    result = _child()
+    assert result["choice"]["unrolled"] is True, result
+    assert result["loop_before"] is True and result["loop_after"] is False, result
+    assert result["same_bits"] and result["same_mask"], result
+    # A real dropout mask: about 30% of 3,072 entries dropped, not none or all.
+    assert 700 < result["dropped"] < 1150, result
+
+
+def test_the_switch_keeps_jaxs_own_lowering():
+    result = _child(**{compat.CPU_THREEFRY_ENV: "rolled"})
+    assert result["choice"] == {
+        "unrolled": False,
+        "reason": f"jax's rolled CPU lowering: {compat.CPU_THREEFRY_ENV}=rolled",
+    }
+    assert result["loop_before"] is True and result["loop_after"] is True, result
+    assert result["same_bits"] and result["same_mask"], result
+
+
+def test_which_jax_versions_get_it():
+    assert compat.threefry_choice("0.10.2", "").unrolled is True
+    assert compat.threefry_choice("0.10.0", "off").unrolled is False
+    other = compat.threefry_choice("0.12.1", "")
+    assert other == compat.ThreefryLowering(
+        False,
+        "jax's rolled CPU lowering: the unrolled one was measured on jax 0.10 only; this is 0.12.1",
+    )
