@@ -90,4 +90,7 @@ def test_the_run_records_its_threefry_lowering(runs):
     from tpukit.engines.jax import compat
 
     recorded = runs["auto"]["metrics"]["jax_cpu_threefry"]
-    assert recorded == compat.threefry_choice(metadata.version("jax"), "").as_dict()
+    switch = os.environ.get(
+        compat.CPU_THREEFRY_ENV, ""
+    )  # the child runs with this process's environment
+    assert recorded == compat.threefry_choice(metadata.version("jax"), switch).as_dict()

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 
 import pytest
 from helpers import REPO
@@ -16,7 +17,7 @@ from tpukit.engines.jax import compat
 
 # One process: a lowering rule, once registered, stays for the process.
 CHILD = """
-import json
+import json, sys
 import jax, jax.numpy as jnp
 import keras
 from tpukit.engines.jax import compat
@@ -30,7 +31,12 @@ def draw():
     return (bits(key).tolist(), (dropout(jnp.ones((64, 48))) == 0).tolist(), "stablehlo.while" in text)
 
 bits, mask, loop = draw()
-choice = compat.use_unrolled_threefry_on_cpu()
+if sys.argv[1] == "engine":  # as tpukit.run/fit get it: the engine's first use runs its checks
+    import tpukit.engines
+    tpukit.engines.get("jax")
+    choice = compat.threefry_lowering()
+else:
+    choice = compat.use_unrolled_threefry_on_cpu()
 bits_after, mask_after, loop_after = draw()
 print("RESULT " + json.dumps({
     "choice": choice.as_dict(), "same_bits": bits == bits_after, "same_mask": mask == mask_after,
@@ -39,7 +45,7 @@ print("RESULT " + json.dumps({
 """
 
 
-def _child(**env) -> dict:
+def _child(case: str = "direct", **env) -> dict:
     environment = {k: v for k, v in os.environ.items() if k != compat.CPU_THREEFRY_ENV}
     environment.update(
         KERAS_BACKEND="jax",
@@ -49,7 +55,7 @@ def _child(**env) -> dict:
         **env,
     )
     done = subprocess.run(
-        [sys.executable, "-c", CHILD],
+        [sys.executable, "-c", CHILD, case],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -79,6 +85,16 @@ def test_the_unrolled_lowering_draws_the_same_bits_without_the_while_loop():
     assert 700 < result["dropped"] < 1150, result
 
 
+@pytest.mark.skipif(
+    not _measured_jax(), reason="the unrolled lowering is registered on jax 0.10 only"
+)
+def test_the_engines_first_use_registers_it_before_anything_is_lowered_after():
+    result = _child("engine")
+    assert result["choice"]["unrolled"] is True, result
+    assert result["loop_before"] is True and result["loop_after"] is False, result
+    assert result["same_bits"] and result["same_mask"], result
+
+
 def test_the_switch_keeps_jaxs_own_lowering():
     result = _child(**{compat.CPU_THREEFRY_ENV: "rolled"})
     assert result["choice"] == {
@@ -89,11 +105,32 @@ def test_the_switch_keeps_jaxs_own_lowering():
     assert result["same_bits"] and result["same_mask"], result
 
 
-def test_which_jax_versions_get_it():
+def test_which_jax_versions_and_switch_values_get_it():
     assert compat.threefry_choice("0.10.2", "").unrolled is True
+    assert compat.threefry_choice("0.10.2", " Unrolled ").unrolled is True
     assert compat.threefry_choice("0.10.0", "off").unrolled is False
     other = compat.threefry_choice("0.12.1", "")
     assert other == compat.ThreefryLowering(
         False,
         "jax's rolled CPU lowering: the unrolled one was measured on jax 0.10 only; this is 0.12.1",
     )
+    # A value that is neither on nor off (a typo) keeps jax's lowering and says which values there are.
+    typo = compat.threefry_choice("0.10.2", "roled")
+    assert typo.unrolled is False and "'roled' is neither 'rolled' nor 'unrolled'" in typo.reason
+
+
+def test_a_report_without_the_engines_checks_does_not_register_it(monkeypatch):
+    # metrics.json reads what was done (`threefry_lowering`); registering then, after the steps were lowered, would
+    # record what they never got.
+    calls = []
+
+    class NeverCalled:  # `use_unrolled_threefry_on_cpu` before anything called it
+        def cache_info(self):
+            return types.SimpleNamespace(currsize=0)
+
+        def __call__(self):
+            calls.append(True)
+
+    monkeypatch.setattr(compat, "use_unrolled_threefry_on_cpu", NeverCalled())
+    recorded = compat.threefry_lowering()
+    assert recorded.unrolled is False and "check_jax" in recorded.reason and not calls

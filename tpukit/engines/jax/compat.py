@@ -218,11 +218,23 @@ class ThreefryLowering:
         return {"unrolled": self.unrolled, "reason": self.reason}
 
 
+_THREEFRY_OFF = ("rolled", "0", "off", "false", "no")
+_THREEFRY_ON = ("", "unrolled", "1", "on", "true", "yes")
+
+
 def threefry_choice(jax_version: str, switch: str) -> ThreefryLowering:
-    """Whether this jax (and $TPUKIT_JAX_CPU_THREEFRY's value `switch`) gets the unrolled CPU lowering, and why."""
-    if switch.strip().lower() in ("rolled", "0", "off", "false", "no"):
+    """Whether this jax (and $TPUKIT_JAX_CPU_THREEFRY's value `switch`) gets the unrolled CPU lowering, and why. A
+    value that is neither on nor off keeps jax's lowering, and the reason names the values it takes."""
+    value = switch.strip().lower()
+    if value in _THREEFRY_OFF:
         return ThreefryLowering(
             False, f"jax's rolled CPU lowering: {CPU_THREEFRY_ENV}={switch.strip()}"
+        )
+    if value not in _THREEFRY_ON:
+        return ThreefryLowering(
+            False,
+            f"jax's rolled CPU lowering: {CPU_THREEFRY_ENV}={switch.strip()!r} is neither 'rolled' nor "
+            "'unrolled' (unset: unrolled where measured)",
         )
     low, high = THREEFRY_UNROLLED_JAX
     if not low <= versions.minor(jax_version) < high:
@@ -245,8 +257,11 @@ def use_unrolled_threefry_on_cpu() -> ThreefryLowering:
     TPU or GPU program already gets it); the random bits are the same."""
     from importlib import metadata
 
-    choice = threefry_choice(metadata.version("jax"), os.environ.get(CPU_THREEFRY_ENV, ""))
+    switch = os.environ.get(CPU_THREEFRY_ENV, "")
+    choice = threefry_choice(metadata.version("jax"), switch)
     if not choice.unrolled:
+        if switch.strip().lower() not in _THREEFRY_OFF + _THREEFRY_ON:
+            logging.getLogger("tpukit").warning("tpukit: %s.", choice.reason)
         return choice
     try:
         # Private, jax 0.10: the unrolled rule jax registers for every platform but CPU.
@@ -263,9 +278,20 @@ def use_unrolled_threefry_on_cpu() -> ThreefryLowering:
     return choice
 
 
+def threefry_lowering() -> ThreefryLowering:
+    """What `use_unrolled_threefry_on_cpu` did in this process (for metrics.json), without doing it: registering the
+    rule after the steps were lowered would record what they never got."""
+    if use_unrolled_threefry_on_cpu.cache_info().currsize:
+        return use_unrolled_threefry_on_cpu()
+    return ThreefryLowering(
+        False, "jax's rolled CPU lowering: the jax engine's checks (check_jax) did not run"
+    )
+
+
 def check_jax() -> str:
     """Returns JAX's version after every check of this engine passes, with the XLA:CPU flags added
-    (`use_cpu_xla_flags`); raises ImportError naming the fix."""
+    (`use_cpu_xla_flags`) and jax's unrolled threefry lowering on CPU (`use_unrolled_threefry_on_cpu`); raises
+    ImportError naming the fix."""
     backend.require("jax", "jax")
     version = installed_jax()
     from tpukit.engines.tensorflow.compat import check_keras

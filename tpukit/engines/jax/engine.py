@@ -730,7 +730,7 @@ def report(session: Session, outcome, evaluation: dict, exported: dict) -> dict:
         sharded=session.sharded,
         steps_per_execution_decision=session.decision,
         xla_cpu_flags=compat.use_cpu_xla_flags().as_dict(),
-        jax_cpu_threefry=compat.use_unrolled_threefry_on_cpu().as_dict(),
+        jax_cpu_threefry=compat.threefry_lowering().as_dict(),
     )
     return metrics
 
