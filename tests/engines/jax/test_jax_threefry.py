@@ -116,7 +116,17 @@ def test_which_jax_versions_and_switch_values_get_it():
     )
     # A value that is neither on nor off (a typo) keeps jax's lowering and says which values there are.
     typo = compat.threefry_choice("0.10.2", "roled")
-    assert typo.unrolled is False and "'roled' is neither 'rolled' nor 'unrolled'" in typo.reason
+    assert typo.unrolled is False and "='roled' is not one of rolled, 0, off" in typo.reason
+
+
+def test_an_unknown_switch_value_is_logged(monkeypatch, caplog):
+    monkeypatch.setenv(compat.CPU_THREEFRY_ENV, "roled")
+    with caplog.at_level("WARNING", logger="tpukit"):
+        choice = (
+            compat.use_unrolled_threefry_on_cpu.__wrapped__()
+        )  # not the process's cached answer
+    assert choice.unrolled is False
+    assert [r.getMessage() for r in caplog.records] == [f"tpukit: {choice.reason}."]
 
 
 def test_a_report_without_the_engines_checks_does_not_register_it(monkeypatch):

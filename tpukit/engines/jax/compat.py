@@ -233,8 +233,8 @@ def threefry_choice(jax_version: str, switch: str) -> ThreefryLowering:
     if value not in _THREEFRY_ON:
         return ThreefryLowering(
             False,
-            f"jax's rolled CPU lowering: {CPU_THREEFRY_ENV}={switch.strip()!r} is neither 'rolled' nor "
-            "'unrolled' (unset: unrolled where measured)",
+            f"jax's rolled CPU lowering: {CPU_THREEFRY_ENV}={switch.strip()!r} is not one of "
+            f"{', '.join(v for v in _THREEFRY_OFF + _THREEFRY_ON if v)} (unset: unrolled where measured)",
         )
     low, high = THREEFRY_UNROLLED_JAX
     if not low <= versions.minor(jax_version) < high:
