@@ -151,6 +151,32 @@ def run_jax(
     return done.returncode, (results if all_results else results[0] if results else None), output
 
 
+def run_jax_snippet(code: str, case: str, drop: tuple[str, ...] = (), **env) -> dict:
+    """The RESULT dict that Python `code` prints (a line `RESULT <json>`), run with `case` as its argument in a
+    JAX-backend CPU process of its own (for what holds once per process: $XLA_FLAGS, lowering rules), with the
+    variables `drop` left out of this process's environment and `env` set; fails the test with the output if the
+    process fails or prints no result."""
+    environment = {k: v for k, v in os.environ.items() if k not in drop}
+    environment.update(
+        KERAS_BACKEND="jax",
+        JAX_PLATFORMS="cpu",
+        TF_CPP_MIN_LOG_LEVEL="2",
+        PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]),
+        **env,
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, case],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=environment,
+        timeout=300,
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert done.returncode == 0 and lines, done.stdout[-2000:] + done.stderr[-3000:]
+    return json.loads(lines[0][len("RESULT ") :])
+
+
 def expected_xla_cpu_flags(xla_flags: str = "") -> list[str]:
     """The XLA:CPU flags a jax-engine process starting with `xla_flags` adds, with the installed jaxlib, TensorFlow
     and accelerator plugins (`tpukit.engines.jax.compat.cpu_xla_flags`, `_accelerator_plugins`)."""

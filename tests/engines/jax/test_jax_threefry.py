@@ -4,14 +4,10 @@ dropout mask with a fixed seed, compared with the ones jax's own CPU lowering dr
 switch and another jax keep jax's lowering and say why; a jax engine run records what it did. Nothing here measures
 speed (compat.py has the measurements, benchmarks/vs_keras.py the whole runs)."""
 
-import json
-import os
-import subprocess
-import sys
 import types
 
 import pytest
-from helpers import REPO
+from helpers import run_jax_snippet
 
 from tpukit.engines.jax import compat
 
@@ -46,25 +42,7 @@ print("RESULT " + json.dumps({
 
 
 def _child(case: str = "direct", **env) -> dict:
-    environment = {k: v for k, v in os.environ.items() if k != compat.CPU_THREEFRY_ENV}
-    environment.update(
-        KERAS_BACKEND="jax",
-        JAX_PLATFORMS="cpu",
-        TF_CPP_MIN_LOG_LEVEL="2",
-        PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]),
-        **env,
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", CHILD, case],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=environment,
-        timeout=300,
-    )
-    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    assert done.returncode == 0 and lines, done.stdout[-2000:] + done.stderr[-3000:]
-    return json.loads(lines[0][len("RESULT ") :])
+    return run_jax_snippet(CHILD, case, drop=(compat.CPU_THREEFRY_ENV,), **env)
 
 
 def _measured_jax() -> bool:

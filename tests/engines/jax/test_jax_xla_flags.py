@@ -4,14 +4,12 @@ YNNPACK's (the program itself is read, from a process of its own); the user's ow
 backend already started and another jaxlib each leave $XLA_FLAGS as it was and say why. Nothing here measures speed
 (benchmarks/vs_keras.py does; the measurements are in compat.py)."""
 
-import json
 import os
-import subprocess
 import sys
 import types
 
 import pytest
-from helpers import REPO, expected_xla_cpu_flags
+from helpers import expected_xla_cpu_flags, run_jax_snippet
 
 from tpukit.engines.jax import compat
 
@@ -36,27 +34,7 @@ print("RESULT " + json.dumps({"flags": flags.as_dict(), "XLA_FLAGS": os.environ.
 
 
 def _child(case: str = "", **env) -> dict:
-    environment = {
-        k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", compat.CPU_XLA_FLAGS_ENV)
-    }
-    environment.update(
-        KERAS_BACKEND="jax",
-        JAX_PLATFORMS="cpu",
-        TF_CPP_MIN_LOG_LEVEL="2",
-        PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]),
-        **env,
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", CHILD, case],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=environment,
-        timeout=300,
-    )
-    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    assert done.returncode == 0 and lines, done.stdout[-2000:] + done.stderr[-3000:]
-    return json.loads(lines[0][len("RESULT ") :])
+    return run_jax_snippet(CHILD, case, drop=("XLA_FLAGS", compat.CPU_XLA_FLAGS_ENV), **env)
 
 
 needs_measured_jaxlib = pytest.mark.skipif(
