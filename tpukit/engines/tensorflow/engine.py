@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import math
 import os
@@ -431,15 +432,13 @@ def build(the_plan: Plan) -> Session:
     except ValueError as error:  # builder or optimizer arguments that do not fit together
         raise RecipeError(f"{recipe.path}: {error}") from None
     flops_per_example = flops.model_flops_per_example(model)
-    strategy_kind, replicas, precision = (
+    device_peak = functools.partial(  # this plan's devices (decide_jit_compile returns a new plan)
+        flops.device_peak_flops,
         the_plan.strategy_kind,
+        None,
         the_plan.replicas,
-        the_plan.precision,
+        precision=the_plan.precision,
     )
-
-    def device_peak() -> tuple[float | None, str]:
-        return flops.device_peak_flops(strategy_kind, None, replicas, precision=precision)
-
     peak_flops, peak_source = (None, "")
     if the_plan.training:
         peak_flops, peak_source = device_peak()
