@@ -151,7 +151,9 @@ def run_jax(
     return done.returncode, (results if all_results else results[0] if results else None), output
 
 
-def run_jax_snippet(code: str, case: str, drop: tuple[str, ...] = (), **env) -> dict:
+def run_jax_snippet(
+    code: str, case: str, drop: tuple[str, ...] = (), timeout: int = 300, **env
+) -> dict:
     """The RESULT dict that Python `code` prints (a line `RESULT <json>`), run with `case` as its argument in a
     JAX-backend CPU process of its own (for what holds once per process: $XLA_FLAGS, lowering rules), with the
     variables `drop` left out of this process's environment and `env` set; fails the test with the output if the
@@ -162,15 +164,16 @@ def run_jax_snippet(code: str, case: str, drop: tuple[str, ...] = (), **env) -> 
         JAX_PLATFORMS="cpu",
         TF_CPP_MIN_LOG_LEVEL="2",
         PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]),
-        **env,
     )
+    environment.update(env)
+    environment = {k: v for k, v in environment.items() if v is not None}  # None: left unset
     done = subprocess.run(
         [sys.executable, "-c", code, case],
         capture_output=True,
         text=True,
         cwd=REPO,
         env=environment,
-        timeout=300,
+        timeout=timeout,
     )
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert done.returncode == 0 and lines, done.stdout[-2000:] + done.stderr[-3000:]

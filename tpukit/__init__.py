@@ -6,6 +6,7 @@
     print(tpukit.plan(recipe, output_dir="runs/digits").describe())   # every decision, nothing built
     metrics = tpukit.run(recipe, "runs/digits")
     metrics = tpukit.fit(build_my_model, x, y, epochs=3, batch_size=256, output_dir="runs/mine")
+    report = tpukit.check(build_my_model, x, y, topology="v5e-8", batch_size=256)   # libtpu, no TPU
 
 `import tpukit` imports neither TensorFlow nor Keras: every name below is loaded on first use (PEP 562), so
 `python -m tpukit.doctor` can diagnose an environment where TensorFlow is missing or broken. The engine's version
@@ -30,6 +31,7 @@ _LAZY = {
     "plan": ("tpukit.runner", "make_plan"),
     "run": ("tpukit.runner", "run"),
     "fit": ("tpukit.user_model", "fit"),
+    "check": ("tpukit.check", "check"),
     "load_model": ("tpukit.task", "load_model"),
     "TPUConnectionError": ("tpukit.engines.tensorflow.strategy", "TPUConnectionError"),
     "RunLockedError": ("tpukit.rundir", "RunLockedError"),

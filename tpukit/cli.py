@@ -547,12 +547,17 @@ COMMANDS: dict[str, Command] = {
     ),
     "check": Command(
         summary="is this recipe ready for a TPU? checked on a CPU, rule by rule",
-        synopsis="tpukit check RECIPE [--cores N] [--tpu-type v5e] [--set SECTION.KEY=VALUE ...] [--json]",
+        synopsis="tpukit check RECIPE [--cores N] [--tpu-type v5e] [--set SECTION.KEY=VALUE ...] [--json]\n"
+        "tpukit check RECIPE --topology NAME [--set ...] [--json] [--price-per-chip-hour P] [--no-fixes]",
         description="Static shapes, batch divisibility, Python ops in the input, gs:// paths, one XLA step, one "
-        "step in the TPU's precision, memory against HBM: pass, warn or fail, each failure with its fix. The "
-        "same as `python -m tpukit.check`.",
-        exit_status="0 no rule failed (warnings allowed); 1 a rule failed; 2 bad recipe or flags.",
-        examples="tpukit check mnist_cnn\ntpukit check cifar10_resnet --cores 32 --tpu-type v4",
+        "step in the TPU's precision, memory against HBM: pass, warn or fail, each failure with its fix. With "
+        "--topology (v5e-8, v6e-16, v5p-32, ...): the training step compiled by libtpu, the TPU compiler, on this "
+        "machine (no TPU; the tpu-check extra): fits in HBM? bytes per chip, FLOPs, the roofline step time, "
+        "collectives, and compiled fixes when it does not fit. The same as `python -m tpukit.check`.",
+        exit_status="0 no rule failed (warnings allowed) / the step fits; 1 a rule failed / it does not fit; 2 bad "
+        "recipe or flags.",
+        examples="tpukit check mnist_cnn\ntpukit check cifar10_resnet --cores 32 --tpu-type v4\n"
+        "tpukit check textfiles_char_lm --topology v5e-8 --set runtime.mesh.model=2 --json",
         run=_tool("check"),
         options=_tool_options("check"),
     ),

@@ -167,6 +167,52 @@ def fit(
     """
     from tpukit.runner import run
 
+    with as_recipe(
+        model_fn,
+        x,
+        y,
+        dataset_fn=dataset_fn,
+        validation_data=validation_data,
+        validation_split=validation_split,
+        epochs=epochs,
+        batch_size=batch_size,
+        learning_rate=learning_rate,
+        loss=loss,
+        metrics=metrics,
+        loss_weights=loss_weights,
+        name=name,
+        **settings,
+    ) as recipe:
+        return run(
+            recipe,
+            output_dir,
+            strategy=strategy,
+            callbacks=callbacks,
+            accept_changes=accept_changes,
+            break_lock=break_lock,
+        )
+
+
+@contextlib.contextmanager
+def as_recipe(
+    model_fn: Callable,
+    x=None,
+    y=None,
+    *,
+    dataset_fn: Callable | None = None,
+    validation_data: tuple | None = None,
+    validation_split: float | None = None,
+    epochs: int,
+    batch_size: int,
+    learning_rate: float | None = None,
+    loss=None,
+    metrics=None,
+    loss_weights=None,
+    name: str | None = None,
+    **settings: Any,
+) -> Iterator[Any]:
+    """The `Recipe` that `fit`'s arguments make, with `model_fn` and the data registered under its model and
+    source name while the block runs (`tpukit.fit` trains it, `tpukit.check` compiles it)."""
     if _is_keras_layer(model_fn) or not callable(model_fn):
         raise RecipeError(
             "tpukit.fit: model_fn must be a function that builds and returns a new keras.Model (tpukit calls it "
@@ -219,15 +265,7 @@ def fit(
             raw["train"][key], named = _by_name(name, key, value)
             objects.update(named)
     with _registered(name, model_fn, source), _objects(objects):
-        recipe = from_dict(raw, f"tpukit.fit({name})")
-        return run(
-            recipe,
-            output_dir,
-            strategy=strategy,
-            callbacks=callbacks,
-            accept_changes=accept_changes,
-            break_lock=break_lock,
-        )
+        yield from_dict(raw, f"tpukit.fit({name})")
 
 
 def _split_off(x, y, fraction, validation_data) -> tuple:

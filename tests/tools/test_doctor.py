@@ -776,3 +776,32 @@ def test_jax_on_a_tpu_vm_needs_the_libtpu_its_tpu_extra_pins(metadata):
         "JAX would not find the TPU: jax 0.10.2 needs the libtpu its `tpu` extra pins (0.0.42.*); installed: none. "
         f'Fix: `pip install "jax[tpu]>=0.10,<0.13"`, {doctor.RESTART}.'
     )
+
+
+JAX_TPU_REQUIRES = ['libtpu==0.0.42.*; extra == "tpu"', "jaxlib<=0.10.2,>=0.10.2"]
+
+
+@pytest.mark.parametrize(
+    "installed, level, words",
+    [
+        ({"jax": "0.10.2", "libtpu": "0.0.42.1"}, "ok", "libtpu 0.0.42.1 with jax 0.10.2"),
+        ({"jax": "0.10.2", "libtpu": None}, "skip", "libtpu not installed"),
+        ({"jax": None, "libtpu": None}, "skip", "jax and libtpu not installed"),
+        ({"jax": "0.10.2", "libtpu": "0.0.10"}, "warn", "the libtpu 0.0.42.* it pins"),
+        ({"jax": "0.4.30", "libtpu": "0.0.42.1"}, "warn", "jax in the jax engine's range"),
+    ],
+)
+def test_the_doctor_says_whether_tpu_compilation_is_available(installed, level, words):
+    (finding,) = doctor.check_tpu_compiler(installed, JAX_TPU_REQUIRES)
+    assert (finding.level, finding.topic) == (level, "tpu compiler")
+    assert words in finding.message
+    assert (finding.fix is None) == (level == "ok")
+    assert level == "ok" or "tpukit[tpu-check]" in finding.fix
+
+
+def test_tpu_compilation_needs_the_jax_engine_to_run():
+    installed = {"jax": "0.10.2", "libtpu": "0.0.42.1"}
+    (finding,) = doctor.check_tpu_compiler(
+        installed, JAX_TPU_REQUIRES, "TensorFlow is not installed."
+    )
+    assert finding.level == "skip" and "cannot run here" in finding.message

@@ -14,11 +14,16 @@ import os
 import sys
 
 DEFAULT = "tensorflow"
+_defaulted = False  # KERAS_BACKEND was set by `use_default`, not by the user
 
 
 def use_default() -> str:
     """Sets `KERAS_BACKEND` to tpukit's default unless the user set it; returns the backend Keras will use."""
-    return os.environ.setdefault("KERAS_BACKEND", DEFAULT)
+    global _defaulted
+    if "KERAS_BACKEND" not in os.environ:
+        os.environ["KERAS_BACKEND"] = DEFAULT
+        _defaulted = True
+    return os.environ["KERAS_BACKEND"]
 
 
 def require(name: str, engine: str) -> None:
@@ -58,7 +63,7 @@ def use_engine(engine: str) -> str:
         require(name, engine)
         return engine
     current = os.environ.get("KERAS_BACKEND")
-    if current and current != name:
+    if current and current != name and not (_defaulted and current == DEFAULT):
         import logging
 
         logging.getLogger("tpukit").warning(

@@ -317,3 +317,36 @@ def _release(watchdog: subprocess.Popen | None) -> None:
     with contextlib.suppress(OSError):
         watchdog.stdin.close()
     watchdog.wait()
+
+
+# libtpu, loaded by JAX on its first backend start where `jax[tpu]` is installed, reads these to find the TPU it
+# runs on; on a machine without one it prints a warning per missing variable ("could not determine TPU accelerator
+# type", "unexpected worker hostname ... TPU_WORKER_HOSTNAMES") and a source-location trace. Values it accepts
+# silence both and change nothing the compiler produces (compiled text, memory and cost analyses compared for
+# every row of `tpukit.planner.topologies`, libtpu 0.0.42.1). ALLOW_MULTIPLE_LIBTPU_LOAD lets two processes load
+# libtpu at once (else the second fails on /tmp/libtpu_lockfile), which only a machine with no TPU can allow.
+LIBTPU_NO_TPU_ENVIRONMENT = {
+    "TPU_ACCELERATOR_TYPE": "v5litepod-8",
+    "TPU_WORKER_HOSTNAMES": "localhost",
+    "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
+}
+
+
+def tpu_attached(root: str = "/") -> bool:
+    """Whether this machine has TPU chips attached (TPU VMs expose /dev/accel* or, from v5e on, /dev/vfio)."""
+    return bool(
+        glob.glob(os.path.join(root, "dev", "accel*"))
+        or glob.glob(os.path.join(root, "dev", "vfio", "[0-9]*"))
+    )
+
+
+def libtpu_compiler_only(environ: MutableMapping[str, str] | None = None, root: str = "/") -> bool:
+    """Before JAX starts its backends, on a machine with no TPU: the variables that keep libtpu quiet (a value the
+    user set is kept). Nothing is set where TPU chips are attached: there libtpu must find them. Returns whether
+    anything was set."""
+    environ = os.environ if environ is None else environ
+    if tpu_attached(root) or verbose(environ):
+        return False
+    for name, value in LIBTPU_NO_TPU_ENVIRONMENT.items():
+        environ.setdefault(name, value)
+    return True

@@ -41,6 +41,9 @@ XLA on the CPU is a proxy for XLA on the TPU: a few ops compile on the CPU and h
 other way round), and the memory rule is an estimate. A pass here is not a run on a TPU.
 
 Exit status: 0 when no rule fails (warnings allowed), 1 when one fails, 2 for a bad recipe or flags.
+
+With `--topology NAME` (`v5e-8`, `v6e-16`, ...) no rule runs: the training step is compiled by libtpu, the TPU
+compiler, for that slice (`tpukit.tools.tpu_check`); exit 0 when it fits, 1 when it does not.
 """
 
 from __future__ import annotations
@@ -1108,11 +1111,40 @@ def main(argv: list[str] | None = None, prog: str = "python -m tpukit.check") ->
         help=f"run only these rules (repeatable): {', '.join((*RULES, *RECIPE_RULES))}",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument(
+        "--topology",
+        default=None,
+        metavar="NAME",
+        help="compile the training step with libtpu, the TPU compiler, for this TPU slice (v5e-8, v6e-16, "
+        "v5p-32, ...) instead of running the rules: fits in HBM? bytes per chip, roofline step time "
+        "(tpukit.tools.tpu_check; needs tpukit[tpu-check])",
+    )
+    parser.add_argument(
+        "--price-per-chip-hour",
+        type=float,
+        default=None,
+        metavar="PRICE",
+        help="with --topology: the price of one chip-hour, to cost the recipe's steps at the roofline bound",
+    )
+    parser.add_argument(
+        "--no-fixes",
+        action="store_true",
+        help="with --topology: when the step does not fit, do not compile the configurations that might",
+    )
     args = parser.parse_args(argv)
     try:  # the quick refusals (no such recipe, bad YAML, a malformed --set) before TensorFlow loads
         raw_recipe(args.recipe, args.set)
     except RecipeError as error:
         print(f"tpukit: error: {error}", file=sys.stderr)
+        return 2
+    if args.topology is not None:
+        return _topology_main(args, argv or [])
+    if args.price_per_chip_hour is not None or args.no_fixes:
+        print(
+            "tpukit: error: --price-per-chip-hour and --no-fixes go with --topology. Fix: add --topology NAME "
+            "(e.g. --topology v5e-8).",
+            file=sys.stderr,
+        )
         return 2
     problem = start_tool()
     if problem:
@@ -1133,6 +1165,52 @@ def main(argv: list[str] | None = None, prog: str = "python -m tpukit.check") ->
     else:
         print(format_report(recipe, target, rules, with_header=False))
     return 0 if passed(rules) else 1
+
+
+def _topology_main(args, argv: list[str]) -> int:
+    """`--topology`: the training step compiled by libtpu (`tpukit.tools.tpu_check`), in a JAX-backend process."""
+    from tpukit.environment import quiet
+    from tpukit.environment.backend import use_engine
+    from tpukit.planner.topologies import topology
+
+    given = [flag for flag in ("--cores", "--tpu-type", "--hbm-gib", "--rule") if flag in argv]
+    if given:
+        print(
+            f"tpukit: error: {given[0]} is for the rules, not for --topology (the topology names the chips). "
+            f"Fix: drop {given[0]}, or drop --topology.",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        topology(args.topology)
+        use_engine("jax")
+    except (RecipeError, ImportError) as error:
+        print(f"tpukit: error: {error}", file=sys.stderr)
+        return 2
+    quiet.libtpu_compiler_only()
+    problem = start_tool("jax")
+    if problem:
+        print(f"tpukit: error: {problem}", file=sys.stderr)
+        return 1
+    from tpukit.engines.jax.tpu_compile import TPUCompilerUnavailable
+    from tpukit.tools import tpu_check
+
+    try:
+        recipe = load_recipe(args.recipe, args.set)
+        result = tpu_check.check_topology(
+            recipe,
+            args.topology,
+            price_per_chip_hour=args.price_per_chip_hour,
+            fixes=not args.no_fixes,
+        )
+    except RecipeError as error:
+        print(f"tpukit: error: {error}", file=sys.stderr)
+        return 2
+    except TPUCompilerUnavailable as error:
+        print(f"tpukit: error: {error}", file=sys.stderr)
+        return 1
+    print(json.dumps(result, indent=2) if args.json else tpu_check.format_text(result))
+    return 0 if result["fits"] else 1
 
 
 if __name__ == "__main__":

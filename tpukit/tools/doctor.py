@@ -355,6 +355,62 @@ def check_versions(
     return findings
 
 
+TPU_COMPILER = "tpu compiler"
+
+
+def check_tpu_compiler(
+    installed: dict[str, str | None],
+    jax_requires: list[str] | None,
+    jax_engine_problem: str | None = None,
+) -> list[Finding]:
+    """Whether `tpukit check RECIPE --topology NAME` can compile for TPUs here: JAX in the jax engine's range with
+    the libtpu its `tpu` extra pins (the TPU compiler; no TPU needed), and the jax engine able to run (it builds the
+    step; `jax_engine_problem` says why not). Read from package metadata only."""
+    jax_version, libtpu = installed.get("jax"), installed.get("libtpu")
+    install = 'pip install "tpukit[tpu-check]"'
+    if jax_engine_problem and libtpu and jax_version:
+        return [
+            Finding(
+                "skip",
+                TPU_COMPILER,
+                f"libtpu {libtpu} is installed, but TPU compilation builds the step with the jax engine, which "
+                "cannot run here (its line below says why).",
+            )
+        ]
+    if not libtpu or not jax_version:
+        missing = " and ".join(n for n, v in (("jax", jax_version), ("libtpu", libtpu)) if not v)
+        return [
+            Finding(
+                "skip",
+                TPU_COMPILER,
+                f"TPU compilation (tpukit check RECIPE --topology v5e-8) is not available: {missing} not installed.",
+                install,
+            )
+        ]
+    pin = _jax_libtpu_pin(jax_requires)
+    if not _in_range(jax_version, jax_compat.JAX_TESTED) or (
+        pin and not _libtpu_matches(pin, libtpu)
+    ):
+        wanted = f"the libtpu {pin} it pins" if pin else "its libtpu"
+        return [
+            Finding(
+                "warn",
+                TPU_COMPILER,
+                f"libtpu {libtpu} with jax {jax_version}: TPU compilation needs a jax in the jax engine's range "
+                f"with {wanted}.",
+                install,
+            )
+        ]
+    return [
+        Finding(
+            "ok",
+            TPU_COMPILER,
+            f"libtpu {libtpu} with jax {jax_version}: `tpukit check RECIPE --topology v5e-8` compiles the "
+            "training step for TPUs here, with or without a TPU.",
+        )
+    ]
+
+
 def _tpu_fix() -> str:
     return f"`{versions.pinned_tpu().install_command()}`, {RESTART}"
 
@@ -917,6 +973,7 @@ def diagnose_environment(
             accelerator, more = check_accelerator(runtime, tpu, connect)
         findings += more
     problems = check_engines(runtime, installed, findings, jax_requires)
+    findings += check_tpu_compiler(installed, jax_requires, problems.get("jax"))
     findings += engine_findings(problems, installed)
     return {
         "ok": not any(f.level == "fail" for f in findings),

@@ -1,0 +1,500 @@
+"""`tpukit check RECIPE --topology v5e-8`: the recipe's training step compiled by libtpu, the TPU compiler, on this
+machine (no TPU needed), and what the compiler says of it per chip.
+
+    tpukit check textfiles_char_lm --topology v5e-8 --set runtime.mesh.model=2 --json
+    tpukit check cifar10_resnet --topology v6e-16 --price-per-chip-hour 2.7
+
+The step is the jax engine's (`tpukit.engines.jax.tpu_compile`): the recipe's model, optimizer, loss and layouts,
+the TPU precision default (`runtime.precision: auto` -> mixed_bfloat16), the global batch, on a `data` x `model`
+mesh over the topology's chips. A recipe that trains on the tensorflow engine is compiled as the same Keras model on
+the JAX path, and the report says so. The answer: whether it fits in HBM (libtpu's own out-of-memory figure when
+not), bytes per chip, FLOPs and bytes accessed per step, the roofline bound at the chip's peak, the collectives.
+When it does not fit, fixes that were each compiled and shown to fit: a smaller global batch, a larger model axis,
+bfloat16 weights.
+
+What a pass proves: the TPU compiler accepts the program and plans its memory per chip within the chip's HBM. Not
+the speed on the chip, the input pipeline, host memory or the interconnect (docs/tpu.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import importlib.metadata
+import logging
+import math
+from typing import Any
+
+from tpukit.environment import quiet
+from tpukit.planner import hardware as performance
+from tpukit.planner.topologies import Topology, topology
+from tpukit.recipe import Recipe, RecipeError
+
+logger = logging.getLogger("tpukit")
+
+PROVES = (
+    "Compiled by libtpu's TPU compiler on this machine, for abstract TPU devices: it proves the compiler accepts the "
+    "step and plans its memory per chip as reported. It does not prove speed on the chip (the step time is a "
+    "roofline bound), the input pipeline, host memory or the interconnect."
+)
+MAX_BATCH_COMPILES = 5  # compiles spent on the largest batch that fits
+GIB = 2**30
+
+
+@dataclasses.dataclass
+class Attempt:
+    """One configuration compiled: what was changed, the abstract step's facts and the compiler's answer."""
+
+    changes: dict[str, Any]
+    step: Any
+    compiled: Any
+
+
+def _variant(recipe: Recipe, batch: int | None = None, model: int | None = None) -> Recipe:
+    variant = copy.deepcopy(recipe)
+    if batch is not None:
+        variant.data.global_batch_size = batch
+    if model is not None:
+        variant.runtime.mesh = {"data": "auto", "model": model}
+    return variant
+
+
+def mesh_for(recipe: Recipe, chips: int) -> tuple[int, int]:
+    """(data, model) over every chip: `runtime.mesh.model` must divide them; `data` is the rest."""
+    model = recipe.runtime.mesh["model"]
+    if chips % model:
+        raise RecipeError(
+            f"{recipe.path}: runtime.mesh.model={model} does not divide the topology's {chips} chips. Fix: --set "
+            f"runtime.mesh.model to a divisor of {chips}."
+        )
+    data = chips // model
+    if recipe.data.global_batch_size % data:
+        good = max(data, recipe.data.global_batch_size // data * data)
+        raise RecipeError(
+            f"{recipe.path}: data.global_batch_size={recipe.data.global_batch_size} does not divide by the mesh's "
+            f"data axis ({data} = {chips} chips / model {model}). Fix: --set data.global_batch_size={good}."
+        )
+    return data, model
+
+
+def _tfds_missing(recipe: Recipe) -> str | None:
+    """The TFDS dataset's name when the recipe reads one that is not prepared here (the check must not download)."""
+    if recipe.data.source != "tfds":
+        return None
+    import tensorflow_datasets as tfds
+
+    options = recipe.data.options
+    name = options.get("name", "mnist")
+    try:
+        prepared = tfds.builder(name, data_dir=options.get("data_dir")).is_prepared()
+    except Exception:  # noqa: BLE001 - an unknown name: the source's own error comes later, with its fix
+        return None
+    return None if prepared else name
+
+
+@contextlib.contextmanager
+def _data_here(recipe: Recipe):
+    """Yields a note when the data is not here and its shapes come from TFDS' feature spec instead
+    (`tfds.testing.mock_data`, as `tpukit show` plans): the compiled step only needs the batch's shapes."""
+    missing = _tfds_missing(recipe)
+    if missing is None:
+        yield None
+        return
+    import tensorflow_datasets as tfds
+
+    absl_logger = logging.getLogger("absl")
+    level = absl_logger.level
+    absl_logger.setLevel(
+        logging.ERROR
+    )  # TFDS' mock warns per feature about its own deprecated internals
+    try:
+        with tfds.testing.mock_data(num_examples=64):
+            yield (
+                f"tfds {missing!r} is not downloaded here: the batch's shapes and the labels' task come from its "
+                "feature spec (tfds.testing.mock_data), the step count from the catalogue's split size"
+            )
+    finally:
+        absl_logger.setLevel(level)
+
+
+def total_steps(recipe: Recipe, mocked: bool = False) -> int | None:
+    """The recipe's training steps (epochs x steps per epoch), None when the data cannot be counted here."""
+    if recipe.train.steps_per_epoch:
+        return recipe.train.epochs * recipe.train.steps_per_epoch
+    from tpukit import task
+
+    try:
+        if mocked:
+            from tpukit.data.tfds import published_split_size
+
+            examples = published_split_size(
+                recipe.data.options.get("name", "mnist"), recipe.data.train_split
+            )
+            if examples is None:
+                return None
+        else:
+            examples = task.count_examples(recipe, recipe.data.train_split)
+    except Exception as error:  # noqa: BLE001 - the time estimate is a report: it must not stop the check
+        logger.info("tpukit: the training examples could not be counted (%s)", error)
+        return None
+    return recipe.train.epochs * max(1, examples // recipe.data.global_batch_size)
+
+
+class _Compiler:
+    """Compiles variants of one recipe for one topology, keeping the abstract devices and the policy."""
+
+    def __init__(self, recipe: Recipe, tpu: Topology, steps: int | None):
+        from tpukit.engines.jax import tpu_compile
+
+        self.lib = tpu_compile
+        self.recipe = recipe
+        self.tpu = tpu
+        self.steps = steps
+        quiet.libtpu_compiler_only()  # before JAX starts libtpu: no start-up warnings on a machine with no TPU
+        self.devices = tpu_compile.topology_devices(tpu)
+        self.policy = performance.choose_precision(recipe.runtime.precision, "jax_tpu").value
+
+    def step(self, recipe: Recipe, policy: str | None = None):
+        data, model = mesh_for(recipe, self.tpu.chips)
+        return self.lib.abstract_step(
+            recipe, self.devices, data, model, policy or self.policy, self.steps or 1000
+        )
+
+    def attempt(self, changes: dict, recipe: Recipe, policy=None) -> Attempt:
+        step = self.step(recipe, policy)
+        logger.info(
+            "tpukit: compiling for %s: %s", self.tpu.name, _changes_text(changes) or "as is"
+        )
+        return Attempt(changes, step, self.lib.compile_step(step))
+
+
+def _changes_text(changes: dict) -> str:
+    return " ".join(f"--set {k}={v}" for k, v in changes.items())
+
+
+def _state_bytes(step) -> int:
+    return step.weight_bytes + step.optimizer_bytes
+
+
+def _largest_batch(compiler: _Compiler, first: Attempt, data: int) -> Attempt | None:
+    """The largest global batch (a multiple of the data axis) that compiles and fits, or None. The first guess
+    scales the batch by what is left of HBM after the state over what the step needed beyond it (activations grow
+    with the batch); then a geometric bisection between the largest batch that fit and the smallest that did not.
+    At most MAX_BATCH_COMPILES compiles (about 4 with a good guess: 5 for 6 steps of the Python loop)."""
+    recipe, hbm = compiler.recipe, compiler.tpu.hbm_bytes_per_chip
+    batch, state = recipe.data.global_batch_size, _state_bytes(first.step)
+    if state >= hbm or batch <= data:
+        return None
+
+    def attempt(size: int) -> Attempt:
+        return compiler.attempt({"data.global_batch_size": size}, _variant(recipe, batch=size))
+
+    beyond = max(first.compiled.total_bytes - state, 1)
+    guess = int(batch * 0.9 * (hbm - state) / beyond) // data * data
+    guess = min(max(guess, data), batch - data)
+    best, low, high = None, 0, batch
+    tried = attempt(guess)
+    if tried.compiled.fits:
+        best, low = tried, guess
+    else:
+        high = guess
+        if guess > data:
+            tried = attempt(data)
+            if not tried.compiled.fits:
+                return None
+            best, low = tried, data
+    for _ in range(MAX_BATCH_COMPILES - 2):
+        # Geometric: the batches that fit can span orders of magnitude.
+        middle = int(math.sqrt(low * high)) // data * data
+        if middle <= low or (high - low) <= max(data, low // 8):
+            break
+        tried = attempt(middle)
+        if tried.compiled.fits:
+            best, low = tried, middle
+        else:
+            high = middle
+    return best
+
+
+def find_fixes(compiler: _Compiler, first: Attempt) -> list[dict]:
+    """Configurations near the recipe's that were compiled and fit: the largest global batch, the smallest larger
+    model axis, bfloat16 weights. Each is tried only where the state it keeps per chip can fit at all (checked from
+    the shapes before compiling). Not rematerialization: Keras 3.15.1's `RematScope(mode="full")` fails to build a
+    model symbolically under `jax.eval_shape` ("'str' object has no attribute '_error_repr'"), so it cannot be
+    compiled without allocating the model."""
+    recipe, hbm = compiler.recipe, compiler.tpu.hbm_bytes_per_chip
+    fixes: list[dict] = []
+
+    def record(attempt: Attempt, how: str) -> None:
+        fixes.append(
+            {
+                "set": {k: v for k, v in attempt.changes.items() if "." in k},
+                "how": how,
+                "per_chip_bytes": attempt.compiled.total_bytes,
+                "fits": attempt.compiled.fits,
+            }
+        )
+
+    data, model = mesh_for(recipe, compiler.tpu.chips)
+    best = _largest_batch(compiler, first, data)
+    if best is not None:
+        record(best, "the largest global batch that fits (compiled; within ~15%)")
+    for larger in range(model + 1, compiler.tpu.chips + 1):
+        if compiler.tpu.chips % larger or larger % model:
+            continue
+        variant = _variant(recipe, model=larger)
+        try:
+            step = compiler.step(variant)
+        except RecipeError as error:  # a layout that does not divide by this axis
+            logger.info("tpukit: runtime.mesh.model=%d: %s", larger, error)
+            continue
+        if _state_bytes(step) >= min(hbm, _state_bytes(first.step)):
+            continue  # cannot fit, or nothing more is split on this axis (no layout for these weights)
+        tried = Attempt({"runtime.mesh.model": larger}, step, compiler.lib.compile_step(step))
+        if tried.compiled.fits:
+            record(tried, "the smallest model axis that fits (weights split over more chips)")
+            break
+    # bfloat16 weights halve the state (weights and optimizer slots), not the activations: tried where that can fit.
+    halved = first.compiled.total_bytes - _state_bytes(first.step) / 2
+    if compiler.policy != "bfloat16" and _state_bytes(first.step) / 2 < hbm and halved < hbm:
+        tried = compiler.attempt({"runtime.precision": "bfloat16"}, recipe, policy="bfloat16")
+        if tried.compiled.fits:
+            record(
+                tried,
+                "bfloat16 weights (Keras' 'bfloat16' policy: variables, optimizer slots and math in bfloat16; "
+                "updates lose precision against float32 weights)",
+            )
+    return fixes
+
+
+def _libtpu_version() -> str | None:
+    try:
+        return importlib.metadata.version("libtpu")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def report(
+    recipe: Recipe,
+    tpu: Topology,
+    first: Attempt,
+    steps: int | None,
+    engine_note: str,
+    price_per_chip_hour: float | None,
+    device_kind: str,
+) -> dict:
+    """The report's keys (README of `tpukit check --topology`): per chip, from libtpu's answer."""
+    compiled, step = first.compiled, first.step
+    data, model = mesh_for(recipe, tpu.chips)
+    result: dict[str, Any] = {
+        "recipe": recipe.path,
+        "topology": tpu.name,
+        "device_kind": device_kind,
+        "chips": tpu.chips,
+        "hosts": tpu.hosts,
+        "mesh": {"data": data, "model": model},
+        "global_batch_size": recipe.data.global_batch_size,
+        "precision": step.policy,
+        "parameters": step.parameters,
+        "variables_split": step.variables_split,
+        "unaligned_weights": getattr(step, "unaligned", []),
+        "fits": compiled.fits,
+        "hbm_bytes_per_chip": tpu.hbm_bytes_per_chip,
+        "per_chip_bytes": {
+            "weights": step.weight_bytes,
+            "optimizer": step.optimizer_bytes,
+            "temporaries": compiled.temporary_bytes if compiled.fits else None,
+            # what the compiler holds as the step's inputs: the state and the batch, as laid out per chip
+            "arguments": compiled.argument_bytes if compiled.fits else None,
+            "total": compiled.total_bytes,
+        },
+        "compiler": {"libtpu": _libtpu_version(), "seconds": round(compiled.seconds, 2)},
+        "engine": engine_note,
+        "note": PROVES,
+    }
+    if not compiled.fits:
+        result["out_of_memory"] = compiled.error
+        result["compiler"]["available_bytes"] = compiled.available_bytes
+        return result
+    flops, accessed = compiled.flops, compiled.bytes_accessed
+    compute = flops / tpu.peak_bf16_flops_per_chip if flops else None
+    memory = accessed / tpu.hbm_bytes_per_second_per_chip if accessed else None
+    bound_seconds = (
+        max(t for t in (compute, memory) if t is not None) if (compute or memory) else None
+    )
+    result.update(
+        flops_per_step=flops,
+        bytes_accessed_per_step=accessed,
+        step_seconds_bound=bound_seconds,
+        bound=None
+        if bound_seconds is None
+        else ("compute" if (compute or 0) >= (memory or 0) else "memory"),
+        mfu_upper_bound=None if not (compute and bound_seconds) else compute / bound_seconds,
+        collectives=compiled.collectives,
+        gathered_weights=compiled.gathered_weights,
+        steps=steps,
+    )
+    if steps and bound_seconds:
+        hours = steps * bound_seconds / 3600
+        result["hours_bound"] = hours
+        result["chip_hours_bound"] = hours * tpu.chips
+        if price_per_chip_hour is not None:
+            result["cost_bound"] = hours * tpu.chips * price_per_chip_hour
+    return result
+
+
+def check_topology(
+    recipe: Recipe,
+    topology_name: str,
+    *,
+    price_per_chip_hour: float | None = None,
+    fixes: bool = True,
+) -> dict:
+    """Compiles `recipe`'s training step for `topology_name` (e.g. "v5e-8") with libtpu and returns the report
+    (`fits`, bytes per chip, FLOPs, roofline bound, collectives; `fixes` when it does not fit).
+
+    Needs Keras' JAX backend (`tpukit.use_engine("jax")` before Keras is imported; the command line sets it) and
+    libtpu (`pip install "tpukit[tpu-check]"`).
+
+    Raises:
+        RecipeError: an unknown topology, a mesh or batch that does not fit the topology's chips, a bad recipe.
+    """
+    from tpukit.environment.backend import require
+
+    tpu = topology(topology_name)
+    if price_per_chip_hour is not None and not (
+        price_per_chip_hour >= 0 and math.isfinite(price_per_chip_hour)
+    ):
+        raise RecipeError(
+            f"--price-per-chip-hour must be a number >= 0; received {price_per_chip_hour!r}. Fix: e.g. 1.2."
+        )
+    require("jax", "TPU-compile check (tpukit check --topology)")
+    recipe.validate()
+    engine_note = "jax"
+    if recipe.runtime.engine != "jax":
+        engine_note = (
+            f"the recipe trains on runtime.engine={recipe.runtime.engine}; compiled as the same Keras model on the "
+            "jax engine's path (what TPUs run in 2026)"
+        )
+        recipe = copy.deepcopy(recipe)
+        recipe.runtime.engine = "jax"
+    mesh_for(recipe, tpu.chips)  # refuse before anything is built
+    with _data_here(recipe) as data_note:
+        steps = total_steps(recipe, mocked=data_note is not None)
+        compiler = _Compiler(recipe, tpu, steps)
+        first = compiler.attempt({}, recipe)
+        result = report(
+            recipe,
+            tpu,
+            first,
+            steps,
+            engine_note,
+            price_per_chip_hour,
+            compiler.devices[0].device_kind,
+        )
+        if data_note:
+            result["data"] = data_note
+        if not first.compiled.fits and fixes:
+            result["fixes"] = find_fixes(compiler, first)
+    return result
+
+
+# ---- text -------------------------------------------------------------------------------------------------------
+
+
+def size(num_bytes: float | None) -> str:
+    if num_bytes is None:
+        return "?"
+    for unit, scale in (("GiB", GIB), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(num_bytes) >= scale:
+            return f"{num_bytes / scale:.2f} {unit}"
+    return f"{int(num_bytes)} B"
+
+
+def _seconds(value: float) -> str:
+    return f"{value * 1e3:.3g} ms" if value < 1 else f"{value:.3g} s"
+
+
+def format_text(result: dict) -> str:
+    per_chip, hbm = result["per_chip_bytes"], result["hbm_bytes_per_chip"]
+    mesh = result["mesh"]
+    lines = [
+        f"tpukit check: {result['recipe']} on {result['topology']} ({result['chips']} chips of "
+        f"{result['device_kind']}, {result['hosts']} host(s), {size(hbm)} HBM each), compiled by libtpu "
+        f"{result['compiler']['libtpu']} in {result['compiler']['seconds']:.1f} s",
+        f"  mesh data {mesh['data']} x model {mesh['model']}, global batch {result['global_batch_size']} "
+        f"({result['global_batch_size'] // mesh['data']} per data shard), {result['precision']}, "
+        f"{result['parameters'] / 1e6:,.1f}M parameters, {result['variables_split']} variable(s) split on the "
+        "model axis",
+    ]
+    if result["engine"] != "jax":
+        lines.append(f"  note: {result['engine']}")
+    if result.get("data"):
+        lines.append(f"  note: {result['data']}")
+    lines.append(
+        f"  per chip: weights {size(per_chip['weights'])}, optimizer {size(per_chip['optimizer'])}, temporaries "
+        f"{size(per_chip['temporaries'])}, total {size(per_chip['total'])} of {size(hbm)} "
+        f"({per_chip['total'] / hbm:.0%})"
+    )
+    if result["fits"]:
+        flops, accessed = result.get("flops_per_step"), result.get("bytes_accessed_per_step")
+        if result.get("step_seconds_bound"):
+            lines.append(
+                f"  per step per chip: {flops / 1e9:,.3g} GFLOP, {size(accessed)} accessed; at least "
+                f"{_seconds(result['step_seconds_bound'])} at the chip's peak ({result['bound']}-bound), MFU at "
+                f"most {result['mfu_upper_bound']:.0%}"
+            )
+        if result.get("collectives"):
+            lines.append(
+                "  collectives per step: "
+                + ", ".join(
+                    f"{kind} {c['count']} ({size(c['bytes'])})"
+                    for kind, c in result["collectives"].items()
+                )
+            )
+        if result.get("hours_bound") is not None:
+            cost = (
+                f", {result['cost_bound']:,.2f} at the price given"
+                if "cost_bound" in result
+                else ""
+            )
+            lines.append(
+                f"  {result['steps']:,} steps: at least {result['hours_bound'] * 3600:,.1f} s, "
+                f"{result['chip_hours_bound']:.3g} chip-hours{cost}"
+            )
+        unaligned = result.get("unaligned_weights") or []
+        if unaligned:
+            lines.append(
+                f"  [note] {len(unaligned)} weight(s) with dimensions that are not multiples of 128 (e.g. "
+                f"{', '.join(unaligned[:3])}): the 128 x 128 matrix units are padded, part of each matmul wasted"
+            )
+        for path in result.get("gathered_weights", [])[:5]:
+            lines.append(
+                f"  [warn] {path} is split over the model axis, and XLA gathers it whole every step (an all-gather "
+                "of its full shape): the layout saves memory but not traffic. Fix: split it on the dimension its "
+                "matmul contracts or keeps (runtime.layout)."
+            )
+        lines.append(f"FITS: {size(per_chip['total'])} per chip of {size(hbm)}.")
+    else:
+        lines.append(f"  libtpu: {result['out_of_memory']}")
+        lines.append(
+            f"DOES NOT FIT: needs {size(per_chip['total'])} per chip; a {result['device_kind']} chip has "
+            f"{size(hbm)} ({size(result['compiler'].get('available_bytes'))} usable by the program)."
+        )
+        fixes = result.get("fixes")
+        if fixes:
+            lines.append("  each of these was compiled and fits:")
+            for fix in fixes:
+                flags = _changes_text(fix["set"]) or "(in your model code)"
+                lines.append(f"    {flags}: {size(fix['per_chip_bytes'])} per chip; {fix['how']}")
+        elif fixes is not None:
+            lines.append(
+                "  nothing near this configuration fits (a smaller batch, a larger model axis, bfloat16 "
+                "weights): a larger topology, or a smaller model."
+            )
+    lines.append(result["note"])
+    return "\n".join(lines)
+
+
+__all__ = ["check_topology", "find_fixes", "format_text", "mesh_for", "report"]
