@@ -29,10 +29,8 @@ def _bound(seconds: float) -> str:
 
 
 def compile_all(recipes: list[str], topologies: tuple[str, ...]) -> list[dict]:
-    from tpukit.environment import quiet
     from tpukit.environment.backend import use_engine
 
-    quiet.libtpu_compiler_only()
     use_engine("jax")
     from tpukit.recipe import RecipeError, load_recipe
     from tpukit.tools.tpu_check import check_topology

@@ -45,12 +45,10 @@ def check(
     Needs Keras' JAX backend (call `tpukit.use_engine("jax")` before Keras is imported) and libtpu (`pip install
     "tpukit[tpu-check]"`); no TPU. Nothing is allocated for the model's variables.
     """
-    from tpukit.environment import quiet
     from tpukit.environment.backend import use_engine
     from tpukit.recipe import Recipe, load_recipe
     from tpukit.tools.tpu_check import check_topology
 
-    quiet.libtpu_compiler_only()  # before JAX starts libtpu: no start-up warnings
     if "keras" not in sys.modules:
         use_engine("jax")  # else tpu_check says how to switch, if Keras loaded another backend
 

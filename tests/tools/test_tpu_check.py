@@ -187,15 +187,41 @@ def test_the_command_refuses_bad_flags_before_anything_loads(argv, expected, cap
     assert expected in capsys.readouterr().err
 
 
-def test_libtpu_is_kept_quiet_only_where_no_tpu_is_attached(tmp_path):
-    environ = {"TPU_WORKER_HOSTNAMES": "mine"}
-    assert quiet.libtpu_compiler_only(environ, root=str(tmp_path))
-    assert environ["TPU_WORKER_HOSTNAMES"] == "mine"  # the user's value is kept
-    assert environ["TPU_ACCELERATOR_TYPE"] and environ["ALLOW_MULTIPLE_LIBTPU_LOAD"] == "1"
+# What libtpu 0.0.42.1 printed at its start on this machine (no TPU), between lines the quiet start keeps.
+LIBTPU_START = "\n".join(
+    [
+        "kept before",
+        "Failed to find host bounds for accelerator type: WARNING: could not determine TPU accelerator type, "
+        "please set env var `TPU_ACCELERATOR_TYPE` manually, otherwise libtpu.so may not properly initialize.",
+        "WARNING: Logging before InitGoogle() is written to STDERR",
+        "E0000 00:00:1795820456.281280    7056 common_lib.cc:554] INVALID_ARGUMENT: Error: unexpected worker "
+        "hostname 'WARNING: could not determine TPU worker hostnames or IP addresses' from env var "
+        "TPU_WORKER_HOSTNAMES. Expecting a valid hostname or IP address without port number.",
+        "=== Source Location Trace: === ",  # with its trailing space
+        "learning/45eac/tfrc/runtime/libtpu_init_utils.cc:327",
+        "kept after",
+        "",
+    ]
+)
+
+
+def test_libtpus_start_up_lines_are_hidden_only_where_no_tpu_is_attached():
+    assert quiet.kept_lines(LIBTPU_START, libtpu_is_noise=True) == "kept before\nkept after\n"
+    # on a TPU VM they are kept: there libtpu failing to find its TPU is the news
+    assert quiet.kept_lines(LIBTPU_START, libtpu_is_noise=False) == LIBTPU_START
+
+
+def test_libtpu_is_shared_between_processes_only_where_no_tpu_is_attached(tmp_path):
+    environ = {}
+    assert quiet.share_libtpu(environ, root=str(tmp_path))
+    assert environ == {"ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
+    kept = {"ALLOW_MULTIPLE_LIBTPU_LOAD": "0"}
+    quiet.share_libtpu(kept, root=str(tmp_path))
+    assert kept == {"ALLOW_MULTIPLE_LIBTPU_LOAD": "0"}  # the user's value is kept
     (tmp_path / "dev").mkdir()
     (tmp_path / "dev" / "accel0").touch()
     attached = {}
-    assert not quiet.libtpu_compiler_only(attached, root=str(tmp_path))
+    assert not quiet.share_libtpu(attached, root=str(tmp_path))
     assert attached == {}
 
 

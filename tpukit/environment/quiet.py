@@ -72,6 +72,7 @@ class Noise:
     text: re.Pattern
     why: str
     cuda: bool = False  # noise only where no NVIDIA driver is installed
+    libtpu: bool = False  # noise only where no TPU is attached
 
     def matches(self, source: str | None, text: str) -> bool:
         return source == self.source and bool(self.text.match(text))
@@ -142,6 +143,40 @@ NOISE = (
         "the same, for cuBLAS",
     ),
     Noise(
+        None,
+        re.compile(
+            r"Failed to find host bounds for accelerator type: WARNING: could not determine TPU"
+        ),
+        "libtpu (jax[tpu]) starting on a machine with no TPU: no TPU_ACCELERATOR_TYPE to read",
+        libtpu=True,
+    ),
+    Noise(
+        None,
+        re.compile(r"WARNING: Logging before InitGoogle\(\) is written to STDERR"),
+        "libtpu's notice that its logging is not set up yet",
+        libtpu=True,
+    ),
+    Noise(
+        "common_lib.cc",
+        re.compile(
+            r"INVALID_ARGUMENT: Error: unexpected worker hostname 'WARNING: could not determine TPU"
+        ),
+        "the same: no TPU_WORKER_HOSTNAMES to read",
+        libtpu=True,
+    ),
+    Noise(
+        None,
+        re.compile(r"=== Source Location Trace: ===\s*$"),
+        "the trace libtpu appends to those two",
+        libtpu=True,
+    ),
+    Noise(
+        None,
+        re.compile(r"learning/\S+/libtpu_init_utils\.cc:\d+\s*$"),
+        "the trace's one line",
+        libtpu=True,
+    ),
+    Noise(
         "computation_placer.cc",
         re.compile(r"computation placer already registered"),
         "the same duplicate registration, in TensorFlow 2.19's CUDA wheels (tensorflow/tensorflow#100442)",
@@ -191,31 +226,41 @@ def _level(environ: Mapping[str, str]) -> int:
         return 0
 
 
-def why_hidden(line: str, level: int = 0, cuda_is_noise: bool = True) -> str | None:
+def why_hidden(
+    line: str, level: int = 0, cuda_is_noise: bool = True, libtpu_is_noise: bool = True
+) -> str | None:
     """Why the quiet start hides `line`, or None when it keeps it: a known start-up line (`NOISE`, its `why`; the
-    CUDA ones only when `cuda_is_noise`), or a C++ log line whose severity is below `level` (a
-    `TF_CPP_MIN_LOG_LEVEL`)."""
+    CUDA ones only when `cuda_is_noise`, libtpu's only when `libtpu_is_noise`), or a C++ log line whose severity is
+    below `level` (a `TF_CPP_MIN_LOG_LEVEL`)."""
     match = _LOG_LINE.match(line)
     source, text = (match["source"], match["text"]) if match else (None, line)
     if match and SEVERITIES.index(match["absl"] or match["tf"]) < level:
         return f"{LEVEL_VARIABLE}={level} hides its severity"
     for noise in NOISE:
-        if noise.matches(source, text) and (cuda_is_noise or not noise.cuda):
+        if (
+            noise.matches(source, text)
+            and (cuda_is_noise or not noise.cuda)
+            and (libtpu_is_noise or not noise.libtpu)
+        ):
             return noise.why
     return None
 
 
-def hidden(line: str, level: int = 0, cuda_is_noise: bool = True) -> bool:
+def hidden(
+    line: str, level: int = 0, cuda_is_noise: bool = True, libtpu_is_noise: bool = True
+) -> bool:
     """Whether the quiet start hides `line` (`why_hidden` says why)."""
-    return why_hidden(line, level, cuda_is_noise) is not None
+    return why_hidden(line, level, cuda_is_noise, libtpu_is_noise) is not None
 
 
-def kept_lines(text: str, level: int = 0, cuda_is_noise: bool = True) -> str:
+def kept_lines(
+    text: str, level: int = 0, cuda_is_noise: bool = True, libtpu_is_noise: bool = True
+) -> str:
     """The lines of captured `text` the quiet start writes back (each with its line ending), in order."""
     return "".join(
         line
         for line in text.splitlines(keepends=True)
-        if not hidden(line.rstrip("\r\n"), level, cuda_is_noise)
+        if not hidden(line.rstrip("\r\n"), level, cuda_is_noise, libtpu_is_noise)
     )
 
 
@@ -261,7 +306,7 @@ def start_up() -> Iterator[None]:
         captured.seek(0)
         text = captured.read().decode("utf-8", errors="replace")
         captured.close()
-        kept = kept_lines(text, _level(os.environ), not nvidia_driver_present())
+        kept = kept_lines(text, _level(os.environ), not nvidia_driver_present(), not tpu_attached())
         if kept and sys.stderr is not None:
             sys.stderr.write(kept)
             sys.stderr.flush()
@@ -319,34 +364,36 @@ def _release(watchdog: subprocess.Popen | None) -> None:
     watchdog.wait()
 
 
-# libtpu, loaded by JAX on its first backend start where `jax[tpu]` is installed, reads these to find the TPU it
-# runs on; on a machine without one it prints a warning per missing variable ("could not determine TPU accelerator
-# type", "unexpected worker hostname ... TPU_WORKER_HOSTNAMES") and a source-location trace. Values it accepts
-# silence both and change nothing the compiler produces (compiled text, memory and cost analyses compared for
-# every row of `tpukit.planner.topologies`, libtpu 0.0.42.1). ALLOW_MULTIPLE_LIBTPU_LOAD lets two processes load
-# libtpu at once (else the second fails on /tmp/libtpu_lockfile), which only a machine with no TPU can allow.
-LIBTPU_NO_TPU_ENVIRONMENT = {
-    "TPU_ACCELERATOR_TYPE": "v5litepod-8",
-    "TPU_WORKER_HOSTNAMES": "localhost",
-    "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
-}
-
-
 def tpu_attached(root: str = "/") -> bool:
-    """Whether this machine has TPU chips attached (TPU VMs expose /dev/accel* or, from v5e on, /dev/vfio)."""
+    """Whether this machine has TPU chips attached (TPU VMs expose /dev/accel* or, from v5e on, /dev/vfio/N)."""
     return bool(
         glob.glob(os.path.join(root, "dev", "accel*"))
         or glob.glob(os.path.join(root, "dev", "vfio", "[0-9]*"))
     )
 
 
-def libtpu_compiler_only(environ: MutableMapping[str, str] | None = None, root: str = "/") -> bool:
-    """Before JAX starts its backends, on a machine with no TPU: the variables that keep libtpu quiet (a value the
-    user set is kept). Nothing is set where TPU chips are attached: there libtpu must find them. Returns whether
-    anything was set."""
+# Where no TPU is attached, libtpu may be loaded by several processes at once (a check beside a run, tests in
+# parallel): without this the second fails on /tmp/libtpu_lockfile ("ABORTED: Internal error when accessing libtpu
+# multi-process lockfile") and JAX falls back to the CPU. The compiled programs are the same with it (every row of
+# `tpukit.planner.topologies`, libtpu 0.0.42.1).
+LIBTPU_SHARED = ("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+
+
+def share_libtpu(environ: MutableMapping[str, str] | None = None, root: str = "/") -> bool:
+    """Before JAX starts libtpu, on a machine with no TPU: lets other processes load it too (`LIBTPU_SHARED`; a
+    value the user set is kept). Nothing is set where TPU chips are attached: there one process owns them. Returns
+    whether it was set."""
     environ = os.environ if environ is None else environ
-    if tpu_attached(root) or verbose(environ):
+    if tpu_attached(root):
         return False
-    for name, value in LIBTPU_NO_TPU_ENVIRONMENT.items():
-        environ.setdefault(name, value)
+    environ.setdefault(*LIBTPU_SHARED)
     return True
+
+
+def libtpu_installed() -> bool:
+    """Whether JAX will load libtpu when it starts its backends (`jax[tpu]` installed, or TPU_LIBRARY_PATH)."""
+    import importlib.util
+
+    return (
+        bool(os.environ.get("TPU_LIBRARY_PATH")) or importlib.util.find_spec("libtpu") is not None
+    )

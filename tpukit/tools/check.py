@@ -1169,7 +1169,6 @@ def main(argv: list[str] | None = None, prog: str = "python -m tpukit.check") ->
 
 def _topology_main(args, argv: list[str]) -> int:
     """`--topology`: the training step compiled by libtpu (`tpukit.tools.tpu_check`), in a JAX-backend process."""
-    from tpukit.environment import quiet
     from tpukit.environment.backend import use_engine
     from tpukit.planner.topologies import topology
 
@@ -1187,7 +1186,6 @@ def _topology_main(args, argv: list[str]) -> int:
     except (RecipeError, ImportError) as error:
         print(f"tpukit: error: {error}", file=sys.stderr)
         return 2
-    quiet.libtpu_compiler_only()
     problem = start_tool("jax")
     if problem:
         print(f"tpukit: error: {problem}", file=sys.stderr)

@@ -151,8 +151,8 @@ class _Compiler:
         self.recipe = recipe
         self.tpu = tpu
         self.steps = steps
-        quiet.libtpu_compiler_only()  # before JAX starts libtpu: no start-up warnings on a machine with no TPU
-        self.devices = tpu_compile.topology_devices(tpu)
+        with quiet.start_up():  # libtpu's start-up lines, where JAX's backends did not start yet
+            self.devices = tpu_compile.topology_devices(tpu)
         self.policy = performance.choose_precision(recipe.runtime.precision, "jax_tpu").value
 
     def step(self, recipe: Recipe, policy: str | None = None):
@@ -360,7 +360,7 @@ def check_topology(
     Raises:
         RecipeError: an unknown topology, a mesh or batch that does not fit the topology's chips, a bad recipe.
     """
-    from tpukit.environment.backend import require
+    from tpukit import engines
 
     tpu = topology(topology_name)
     if price_per_chip_hour is not None and not (
@@ -369,7 +369,7 @@ def check_topology(
         raise RecipeError(
             f"--price-per-chip-hour must be a number >= 0; received {price_per_chip_hour!r}. Fix: e.g. 1.2."
         )
-    require("jax", "TPU-compile check (tpukit check --topology)")
+    engines.get("jax")  # the jax engine's checks (versions, the Keras backend), as a run makes them
     recipe.validate()
     engine_note = "jax"
     if recipe.runtime.engine != "jax":
@@ -420,7 +420,7 @@ def format_text(result: dict) -> str:
     per_chip, hbm = result["per_chip_bytes"], result["hbm_bytes_per_chip"]
     mesh = result["mesh"]
     lines = [
-        f"tpukit check: {result['recipe']} on {result['topology']} ({result['chips']} chips of "
+        f"tpukit check: {result['recipe']} on {result['topology']} ({result['chips']} chip(s) of "
         f"{result['device_kind']}, {result['hosts']} host(s), {size(hbm)} HBM each), compiled by libtpu "
         f"{result['compiler']['libtpu']} in {result['compiler']['seconds']:.1f} s",
         f"  mesh data {mesh['data']} x model {mesh['model']}, global batch {result['global_batch_size']} "
@@ -460,7 +460,7 @@ def format_text(result: dict) -> str:
                 else ""
             )
             lines.append(
-                f"  {result['steps']:,} steps: at least {result['hours_bound'] * 3600:,.1f} s, "
+                f"  {result['steps']:,} steps: at least {_seconds(result['hours_bound'] * 3600)}, "
                 f"{result['chip_hours_bound']:.3g} chip-hours{cost}"
             )
         unaligned = result.get("unaligned_weights") or []

@@ -14,7 +14,7 @@ import functools
 import logging
 import os
 
-from tpukit.environment import backend, versions
+from tpukit.environment import backend, quiet, versions
 
 # Tested JAX minors: >= JAX_TESTED[0] and < JAX_TESTED[1] (setup.cfg's `jax` extra declares the same range): 0.10.2
 # measured here (CPython 3.11); 0.12 is what issue 20's measurements used (CPython 3.12). Outside it the engine
@@ -291,8 +291,10 @@ def threefry_lowering() -> ThreefryLowering:
 def check_jax() -> str:
     """Returns JAX's version after every check of this engine passes, with the XLA:CPU flags added
     (`use_cpu_xla_flags`) and jax's unrolled threefry lowering on CPU (`use_unrolled_threefry_on_cpu`); raises
-    ImportError naming the fix."""
+    ImportError naming the fix. Where `jax[tpu]` is installed on a machine with no TPU, JAX's backends start here,
+    inside the quiet start (`start_backends_quietly`)."""
     backend.require("jax", "jax")
+    quiet.share_libtpu()
     version = installed_jax()
     from tpukit.engines.tensorflow.compat import check_keras
 
@@ -306,4 +308,24 @@ def check_jax() -> str:
         ) from error
     use_cpu_xla_flags()
     use_unrolled_threefry_on_cpu()
+    start_backends_quietly()
     return version
+
+
+def start_backends_quietly() -> bool:
+    """Starts JAX's backends inside `quiet.start_up()` where libtpu is installed and no TPU is attached: libtpu then
+    prints start-up warnings about the TPU it cannot find (no TPU_ACCELERATOR_TYPE, TPU_WORKER_HOSTNAMES), which the
+    quiet start hides as it hides TensorFlow's. Not in a process that will join others (TPUKIT_COORDINATOR_ADDRESS,
+    several TPU_WORKER_HOSTNAMES): JAX's distributed start must come before its backends. Returns whether it did."""
+    if (
+        quiet.tpu_attached()
+        or not quiet.libtpu_installed()
+        or os.environ.get("TPUKIT_COORDINATOR_ADDRESS")
+        or "," in os.environ.get("TPU_WORKER_HOSTNAMES", "")
+    ):
+        return False
+    import jax
+
+    with quiet.start_up():
+        jax.devices()
+    return True
