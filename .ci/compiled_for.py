@@ -28,7 +28,9 @@ def _bound(seconds: float) -> str:
     return f"{seconds * 1e3:.3g} ms" if seconds < 1 else f"{seconds:.3g} s"
 
 
-def compile_all(recipes: list[str], topologies: tuple[str, ...]) -> list[dict]:
+def compile_all(
+    recipes: list[str], topologies: tuple[str, ...], json_path: str | None = None
+) -> list[dict]:
     from tpukit.environment.backend import use_engine
 
     use_engine("jax")
@@ -49,6 +51,13 @@ def compile_all(recipes: list[str], topologies: tuple[str, ...]) -> list[dict]:
                 report = check_topology(load_recipe(name, overrides), topology_name, fixes=False)
             except RecipeError as error:
                 report = {"recipe": name, "topology": topology_name, "error": str(error)}
+            except Exception as error:  # noqa: BLE001 - one row's failure is its row, the table goes on
+                message = (str(error).strip().splitlines() or [""])[0][:300]
+                report = {
+                    "recipe": name,
+                    "topology": topology_name,
+                    "error": f"{type(error).__name__}: {message}",
+                }
             report.update(name=name, batch_raised_from=batch if overrides else None)
             report["seconds"] = round(time.perf_counter() - started, 1)
             print(
@@ -58,6 +67,9 @@ def compile_all(recipes: list[str], topologies: tuple[str, ...]) -> list[dict]:
                 flush=True,
             )
             rows.append(report)
+            if json_path:  # after every row: a crash or a kill keeps what was compiled
+                with open(json_path, "w") as file:
+                    json.dump(rows, file, indent=1)
     return rows
 
 
@@ -144,6 +156,13 @@ def main() -> int:
     )
     parser.add_argument("--topology", action="append", default=[], help="only these topologies")
     parser.add_argument(
+        "--render",
+        nargs="+",
+        default=None,
+        metavar="JSON",
+        help="compile nothing: write the page from the rows in these --json files (runs split over processes)",
+    )
+    parser.add_argument(
         "--check",
         default=None,
         metavar="PAGE",
@@ -156,14 +175,21 @@ def main() -> int:
 
     enable_logging()
     recipes = args.recipe or sorted(packaged_recipes())
-    rows = compile_all(recipes, tuple(args.topology) or TOPOLOGIES)
+    topologies = tuple(args.topology) or TOPOLOGIES
+    if args.render:
+        rows = []
+        for path in args.render:
+            with open(path) as file:
+                rows += json.load(file)
+        order = {key: i for i, key in enumerate((r, t) for r in recipes for t in topologies)}
+        latest = {(row["name"], row["topology"]): row for row in rows}  # a later file's row wins
+        rows = [latest[key] for key in sorted(set(latest) & set(order), key=order.get)]
+    else:
+        rows = compile_all(recipes, topologies, args.json)
     with open(args.out, "w") as file:
         file.write(markdown(rows))
     if args.check:
         return compare(args.check, args.out)
-    if args.json:
-        with open(args.json, "w") as file:
-            json.dump(rows, file, indent=1)
     return 0
 
 

@@ -650,6 +650,7 @@ def test_a_tpu_runtime_with_jax_and_tensorflows_cpu_build_trains_with_the_jax_en
         ("warn", "tensorflow"),
         ("ok", "keras"),
         ("skip", "accelerator"),
+        ("ok", "tpu compiler"),  # jax's libtpu compiles for TPUs (tpukit check --topology)
         ("skip", "tensorflow engine"),
         ("ok", "jax engine"),
     ]
@@ -684,8 +685,12 @@ def test_a_fresh_tpu_runtime_says_what_the_jax_engine_lacks(metadata):
         **{**FAKE_MACHINE, "env": TPU_RUNTIMES["kaggle"]},
     )
     assert report["ok"] is False
-    assert [(f["level"], f["topic"]) for f in report["findings"]][-3:] == [
+    assert [(f["level"], f["topic"]) for f in report["findings"]][-4:] == [
         ("skip", "accelerator"),
+        (
+            "skip",
+            "tpu compiler",
+        ),  # libtpu is here, but the jax engine that builds the step cannot run
         ("fail", "tensorflow engine"),
         ("fail", "jax engine"),
     ]

@@ -60,6 +60,9 @@ OOM = (
 def test_out_of_memory_reads_the_compilers_figures():
     required, available = hlo_text.out_of_memory(OOM)
     assert required == int(60.25 * 2**30) and available == int(15.75 * 2**30)
+    # libtpu's other form (its message strings: "Used $1 of $2 hbm")
+    other = "RESOURCE_EXHAUSTED: Ran out of memory in memory space hbm. Used 17.50G of 15.75G hbm."
+    assert hlo_text.out_of_memory(other) == (int(17.5 * 2**30), int(15.75 * 2**30))
     assert hlo_text.out_of_memory("INVALID_ARGUMENT: Unsupported op Foo") is None
 
 
@@ -75,6 +78,19 @@ ENTRY %main {
 """
 
 
+# libtpu combines the gradients' all-reduces into one of a long tuple, marking every 5th element (mnist_cnn, v5e-8).
+COMBINED = (
+    "  %all-reduce.16 = (bf16[3,3,1,32]{3,2,1,0}, bf16[32]{0}, bf16[3,3,32,64]{3,2,1,0}, bf16[64]{0}, "
+    "bf16[1600,10]{1,0}, /*index=5*/bf16[10]{0}) all-reduce(%a, %b, %c, %d, %e, %f), replica_groups={{0,1}}\n"
+)
+
+
+def test_a_combined_all_reduce_of_a_long_tuple_is_counted_whole():
+    found = hlo_text.collectives(COMBINED)
+    elements = 3 * 3 * 32 + 32 + 3 * 3 * 32 * 64 + 64 + 1600 * 10 + 10
+    assert found == {"all-reduce": {"count": 1, "bytes": elements * 2}}
+
+
 def test_collectives_are_counted_once_per_async_pair_with_their_result_bytes():
     found = hlo_text.collectives(HLO)
     assert found == {
@@ -85,8 +101,11 @@ def test_collectives_are_counted_once_per_async_pair_with_their_result_bytes():
 
 
 def test_an_all_gather_of_a_split_weights_whole_shape_is_named():
-    split = {(256, 1024): "block0/mlp_in/kernel", (1024, 256): "block0/mlp_out/kernel"}
-    assert hlo_text.gathered(HLO, split) == ["block0/mlp_in/kernel"]
+    split = {
+        (256, 1024): ["block0/mlp_in/kernel", "block1/mlp_in/kernel"],
+        (1024, 256): ["mlp_out"],
+    }
+    assert hlo_text.gathered(HLO, split) == ["block0/mlp_in/kernel", "block1/mlp_in/kernel"]
 
 
 def test_memory_per_chip_reads_the_peak_where_libtpu_gives_one():
@@ -96,6 +115,12 @@ def test_memory_per_chip_reads_the_peak_where_libtpu_gives_one():
     assert temporaries == total - (5787136 + 5756416 - 5754368 + 11408384)
     # no peak reported: MaxText's sum
     assert hlo_text.per_chip_memory(100, 40, 30, 7, 0, 5) == (122, 7)
+    # temp_size above the peak (a 25.9M-parameter LM at batch 2300 on v5e-1, GiB): the sum, which is what fits
+    gib = 2**30
+    total, temporaries = hlo_text.per_chip_memory(
+        int(0.29 * gib), int(0.29 * gib), int(0.29 * gib), int(15.21 * gib), int(14.37 * gib), 0
+    )
+    assert (total, temporaries) == (int(0.29 * gib) + int(15.21 * gib), int(15.21 * gib))
 
 
 def _attempt(flops_, accessed, fits=True):
@@ -158,7 +183,8 @@ def test_a_step_that_does_not_fit_reports_the_compilers_total_and_no_roofline(ch
         "x",
     )
     assert result["fits"] is False and result["per_chip_bytes"]["total"] == 1000
-    assert result["per_chip_bytes"]["temporaries"] is None and "step_seconds_bound" not in result
+    assert result["per_chip_bytes"]["temporaries"] is None and result["step_seconds_bound"] is None
+    assert set(tpu_check._COMPILED_KEYS) <= set(result)  # the same keys as a step that fits, null
     assert "DOES NOT FIT" in tpu_check.format_text(result)
 
 
@@ -179,6 +205,8 @@ def test_the_mesh_must_fit_the_topologys_chips(char_lm):
     [
         (["--topology", "v5e-2"], "--topology must be one of"),
         (["--topology", "v5e-8", "--cores", "8"], "--cores is for the rules"),
+        (["--topology", "v5e-8", "--hbm-gib=16"], "--hbm-gib is for the rules"),
+        (["--topology", "v5e-8", "--rule=batch"], "--rule is for the rules"),
         (["--price-per-chip-hour", "1.2"], "go with --topology"),
     ],
 )

@@ -177,7 +177,6 @@ FIVE_B = [
 
 
 def test_a_5b_parameter_model_is_refused_on_v5e_8_at_model_1_and_its_model_axis_fix_is_compiled():
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     status, report, stderr = _check(
         CHAR_LM,
         "--topology",
@@ -194,8 +193,9 @@ def test_a_5b_parameter_model_is_refused_on_v5e_8_at_model_1_and_its_model_axis_
     assert (
         report["per_chip_bytes"]["total"] > 16 * 2**30
     )  # libtpu's figure: more than a v5e chip's 16 GiB
-    # float32 weights alone are 21 GB; the check never allocated them (its children's peak, this one included)
-    assert before * 1024 < host_peak < report["parameters"] * 4 / 2
+    # float32 weights alone are 21 GB; the check never allocated them. ru_maxrss of the children is the largest
+    # peak of any child this test process waited for, this check's included: an upper bound on its own.
+    assert host_peak < report["parameters"] * 4 / 2
     fixes = {tuple(sorted(f["set"].items())): f for f in report["fixes"]}
     model_fix = [f for key, f in fixes.items() if key and key[0][0] == "runtime.mesh.model"]
     assert model_fix and model_fix[0]["fits"] and model_fix[0]["per_chip_bytes"] < 16e9

@@ -1086,11 +1086,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m tpukit.check") ->
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("recipe", help="a recipe YAML file or the name of a packaged recipe")
     parser.add_argument(
-        "--cores", type=int, default=8, help="TPU cores (TPUStrategy replicas); default 8"
+        "--cores", type=int, default=None, help="TPU cores (TPUStrategy replicas); default 8"
     )
     parser.add_argument(
         "--tpu-type",
-        default=DEFAULT_TPU_TYPE,
+        default=None,
         help=f"TPU generation: {', '.join(HBM_BYTES_PER_CHIP)} (default {DEFAULT_TPU_TYPE})",
     )
     parser.add_argument(
@@ -1138,7 +1138,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m tpukit.check") ->
         print(f"tpukit: error: {error}", file=sys.stderr)
         return 2
     if args.topology is not None:
-        return _topology_main(args, argv or [])
+        return _topology_main(args)
+    # None: not given (so that --topology can refuse them when they are)
+    args.cores = 8 if args.cores is None else args.cores
+    args.tpu_type = args.tpu_type or DEFAULT_TPU_TYPE
     if args.price_per_chip_hour is not None or args.no_fixes:
         print(
             "tpukit: error: --price-per-chip-hour and --no-fixes go with --topology. Fix: add --topology NAME "
@@ -1167,12 +1170,16 @@ def main(argv: list[str] | None = None, prog: str = "python -m tpukit.check") ->
     return 0 if passed(rules) else 1
 
 
-def _topology_main(args, argv: list[str]) -> int:
+def _topology_main(args) -> int:
     """`--topology`: the training step compiled by libtpu (`tpukit.tools.tpu_check`), in a JAX-backend process."""
     from tpukit.environment.backend import use_engine
     from tpukit.planner.topologies import topology
 
-    given = [flag for flag in ("--cores", "--tpu-type", "--hbm-gib", "--rule") if flag in argv]
+    given = [
+        f"--{name.replace('_', '-')}"
+        for name in ("cores", "tpu_type", "hbm_gib", "rule")
+        if getattr(args, name) not in (None, [])
+    ]
     if given:
         print(
             f"tpukit: error: {given[0]} is for the rules, not for --topology (the topology names the chips). "

@@ -62,7 +62,12 @@ def _variant(recipe: Recipe, batch: int | None = None, model: int | None = None)
 
 def mesh_for(recipe: Recipe, chips: int) -> tuple[int, int]:
     """(data, model) over every chip: `runtime.mesh.model` must divide them; `data` is the rest."""
-    model = recipe.runtime.mesh["model"]
+    model, asked = recipe.runtime.mesh["model"], recipe.runtime.mesh["data"]
+    if asked != "auto" and asked * model != chips:
+        raise RecipeError(
+            f"{recipe.path}: runtime.mesh {{data: {asked}, model: {model}}} uses {asked * model} chips; the "
+            f"topology has {chips}, and the check compiles for all of them. Fix: --set runtime.mesh.data=auto."
+        )
     if chips % model:
         raise RecipeError(
             f"{recipe.path}: runtime.mesh.model={model} does not divide the topology's {chips} chips. Fix: --set "
@@ -164,13 +169,16 @@ class _Compiler:
     def attempt(self, changes: dict, recipe: Recipe, policy=None) -> Attempt:
         step = self.step(recipe, policy)
         logger.info(
-            "tpukit: compiling for %s: %s", self.tpu.name, _changes_text(changes) or "as is"
+            "tpukit: compiling for %s: %s",
+            self.tpu.name,
+            ", ".join(f"{k}={v}" for k, v in changes.items()) or "as is",
         )
         return Attempt(changes, step, self.lib.compile_step(step))
 
 
 def _changes_text(changes: dict) -> str:
-    return " ".join(f"--set {k}={v}" for k, v in changes.items())
+    """The `--set` flags of the recipe keys changed (keys without a dot are notes, not recipe keys)."""
+    return " ".join(f"--set {k}={v}" for k, v in changes.items() if "." in k and " " not in k)
 
 
 def _state_bytes(step) -> int:
@@ -180,9 +188,9 @@ def _state_bytes(step) -> int:
 def _largest_batch(compiler: _Compiler, first: Attempt, data: int) -> Attempt | None:
     """The largest global batch (a multiple of the data axis) that compiles and fits, or None. The first guess
     scales the batch by what is left of HBM after the state over what the step needed beyond it (activations grow
-    with the batch); then a geometric bisection between the largest batch that fit and the smallest that did not.
-    At most MAX_BATCH_COMPILES compiles (about 4 with a good guess: 5 for 6 steps of the Python loop)."""
-    recipe, hbm = compiler.recipe, compiler.tpu.hbm_bytes_per_chip
+    with the batch); then a geometric bisection between the largest batch that fit and the smallest that did not,
+    until they are within 1/8 of each other. At most MAX_BATCH_COMPILES compiles."""
+    recipe, hbm = compiler.recipe, _usable(compiler, first)
     batch, state = recipe.data.global_batch_size, _state_bytes(first.step)
     if state >= hbm or batch <= data:
         return None
@@ -204,7 +212,8 @@ def _largest_batch(compiler: _Compiler, first: Attempt, data: int) -> Attempt | 
             if not tried.compiled.fits:
                 return None
             best, low = tried, data
-    for _ in range(MAX_BATCH_COMPILES - 2):
+    compiles = 2 if low == data and high == guess else 1
+    for _ in range(MAX_BATCH_COMPILES - compiles):
         # Geometric: the batches that fit can span orders of magnitude.
         middle = int(math.sqrt(low * high)) // data * data
         if middle <= low or (high - low) <= max(data, low // 8):
@@ -214,7 +223,15 @@ def _largest_batch(compiler: _Compiler, first: Attempt, data: int) -> Attempt | 
             best, low = tried, middle
         else:
             high = middle
+    if best is not None:
+        best.changes["smallest that did not fit"] = high
     return best
+
+
+def _usable(compiler: _Compiler, first: Attempt) -> float:
+    """HBM a step may use per chip: libtpu's own figure when it ran out of memory (15.75 GiB on v5e, whose docs say
+    16 GB), else the chip's from the topology table."""
+    return first.compiled.available_bytes or compiler.tpu.hbm_bytes_per_chip
 
 
 def find_fixes(compiler: _Compiler, first: Attempt) -> list[dict]:
@@ -223,13 +240,13 @@ def find_fixes(compiler: _Compiler, first: Attempt) -> list[dict]:
     the shapes before compiling). Not rematerialization: Keras 3.15.1's `RematScope(mode="full")` fails to build a
     model symbolically under `jax.eval_shape` ("'str' object has no attribute '_error_repr'"), so it cannot be
     compiled without allocating the model."""
-    recipe, hbm = compiler.recipe, compiler.tpu.hbm_bytes_per_chip
+    recipe, hbm = compiler.recipe, _usable(compiler, first)
     fixes: list[dict] = []
 
     def record(attempt: Attempt, how: str) -> None:
         fixes.append(
             {
-                "set": {k: v for k, v in attempt.changes.items() if "." in k},
+                "set": {k: v for k, v in attempt.changes.items() if "." in k and " " not in k},
                 "how": how,
                 "per_chip_bytes": attempt.compiled.total_bytes,
                 "fits": attempt.compiled.fits,
@@ -237,20 +254,31 @@ def find_fixes(compiler: _Compiler, first: Attempt) -> list[dict]:
         )
 
     data, model = mesh_for(recipe, compiler.tpu.chips)
-    best = _largest_batch(compiler, first, data)
+    try:
+        best = _largest_batch(compiler, first, data)
+    except Exception as error:  # noqa: BLE001 - a fix that cannot be compiled is not offered
+        logger.info("tpukit: no batch fix (%s: %s)", type(error).__name__, _first_line(error))
+        best = None
     if best is not None:
-        record(best, "the largest global batch that fits (compiled; within ~15%)")
+        record(
+            best,
+            f"the largest global batch found to fit (compiled); "
+            f"{best.changes['smallest that did not fit']} did not",
+        )
     for larger in range(model + 1, compiler.tpu.chips + 1):
         if compiler.tpu.chips % larger or larger % model:
             continue
         variant = _variant(recipe, model=larger)
         try:
             step = compiler.step(variant)
-        except RecipeError as error:  # a layout that does not divide by this axis
-            logger.info("tpukit: runtime.mesh.model=%d: %s", larger, error)
+        except Exception as error:  # noqa: BLE001 - e.g. a layout that does not divide by this axis
+            logger.info("tpukit: runtime.mesh.model=%d: %s", larger, _first_line(error))
             continue
         if _state_bytes(step) >= min(hbm, _state_bytes(first.step)):
             continue  # cannot fit, or nothing more is split on this axis (no layout for these weights)
+        logger.info(
+            "tpukit: compiling for %s: --set runtime.mesh.model=%d", compiler.tpu.name, larger
+        )
         tried = Attempt({"runtime.mesh.model": larger}, step, compiler.lib.compile_step(step))
         if tried.compiled.fits:
             record(tried, "the smallest model axis that fits (weights split over more chips)")
@@ -258,14 +286,37 @@ def find_fixes(compiler: _Compiler, first: Attempt) -> list[dict]:
     # bfloat16 weights halve the state (weights and optimizer slots), not the activations: tried where that can fit.
     halved = first.compiled.total_bytes - _state_bytes(first.step) / 2
     if compiler.policy != "bfloat16" and _state_bytes(first.step) / 2 < hbm and halved < hbm:
-        tried = compiler.attempt({"runtime.precision": "bfloat16"}, recipe, policy="bfloat16")
+        tried = compiler.attempt({"dtype policy": "bfloat16"}, recipe, policy="bfloat16")
         if tried.compiled.fits:
             record(
                 tried,
-                "bfloat16 weights (Keras' 'bfloat16' policy: variables, optimizer slots and math in bfloat16; "
-                "updates lose precision against float32 weights)",
+                "bfloat16 weights: build the model under keras.config.set_dtype_policy('bfloat16') (variables, "
+                "optimizer slots and math in bfloat16; updates lose precision against float32 weights). A recipe "
+                "has no setting for it: runtime.precision keeps float32 variables",
             )
     return fixes
+
+
+def _is_data_error(error: BaseException) -> bool:
+    """TensorFlow's file-system and I/O errors (a gs:// path with no network, a missing file), which the input
+    pipeline raises while the batch's shapes are read."""
+    import tensorflow as tf
+
+    return isinstance(
+        error,
+        (
+            OSError,
+            tf.errors.NotFoundError,
+            tf.errors.FailedPreconditionError,
+            tf.errors.PermissionDeniedError,
+            tf.errors.UnavailableError,
+        ),
+    )
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return (text.splitlines() or [type(error).__name__])[0][:300]
 
 
 def _libtpu_version() -> str | None:
@@ -273,6 +324,18 @@ def _libtpu_version() -> str | None:
         return importlib.metadata.version("libtpu")
     except importlib.metadata.PackageNotFoundError:
         return None
+
+
+# What only a step that compiled has (null in the report of one that did not fit).
+_COMPILED_KEYS = (
+    "flops_per_step",
+    "bytes_accessed_per_step",
+    "step_seconds_bound",
+    "bound",
+    "mfu_upper_bound",
+    "collectives",
+    "gathered_weights",
+)
 
 
 def report(
@@ -316,6 +379,9 @@ def report(
     if not compiled.fits:
         result["out_of_memory"] = compiled.error
         result["compiler"]["available_bytes"] = compiled.available_bytes
+        result.update(
+            dict.fromkeys(_COMPILED_KEYS), steps=steps
+        )  # the same keys: nothing compiled to read
         return result
     flops, accessed = compiled.flops, compiled.bytes_accessed
     compute = flops / tpu.peak_bf16_flops_per_chip if flops else None
@@ -375,7 +441,7 @@ def check_topology(
     if recipe.runtime.engine != "jax":
         engine_note = (
             f"the recipe trains on runtime.engine={recipe.runtime.engine}; compiled as the same Keras model on the "
-            "jax engine's path (what TPUs run in 2026)"
+            "jax engine's path, the one JAX-only TPU runtimes (Colab, Kaggle) train on"
         )
         recipe = copy.deepcopy(recipe)
         recipe.runtime.engine = "jax"
@@ -383,7 +449,24 @@ def check_topology(
     with _data_here(recipe) as data_note:
         steps = total_steps(recipe, mocked=data_note is not None)
         compiler = _Compiler(recipe, tpu, steps)
-        first = compiler.attempt({}, recipe)
+        try:
+            first = compiler.attempt({}, recipe)
+        except RecipeError:
+            raise
+        except Exception as error:  # noqa: BLE001 - every failure becomes a message (exit 2), no traceback
+            if not _is_data_error(error):
+                raise RecipeError(
+                    f"{recipe.path}: the training step could not be built or compiled for {tpu.name} on the jax "
+                    f"engine's path ({type(error).__name__}: {_first_line(error)}). A model that calls TensorFlow "
+                    "ops (tf.* in a Lambda or a layer's call) cannot be compiled this way. Fix: write those ops "
+                    "with keras.ops, or train it with runtime.engine=tensorflow (not checked by --topology); "
+                    "set TPUKIT_VERBOSE=1 and JAX_TRACEBACK_FILTERING=off to see where it failed."
+                ) from error
+            raise RecipeError(
+                f"{recipe.path}: the data could not be read here ({_first_line(error)}); the check needs the "
+                "shapes of one batch. Fix: run it where the data is, or point the data settings at a local copy "
+                "with the same shapes (e.g. a few files)."
+            ) from None
         result = report(
             recipe,
             tpu,
@@ -412,6 +495,13 @@ def size(num_bytes: float | None) -> str:
     return f"{int(num_bytes)} B"
 
 
+def _count(value: int) -> str:
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if value >= scale:
+            return f"{value / scale:.3g}{unit}"
+    return str(value)
+
+
 def _seconds(value: float) -> str:
     return f"{value * 1e3:.3g} ms" if value < 1 else f"{value:.3g} s"
 
@@ -425,7 +515,7 @@ def format_text(result: dict) -> str:
         f"{result['compiler']['libtpu']} in {result['compiler']['seconds']:.1f} s",
         f"  mesh data {mesh['data']} x model {mesh['model']}, global batch {result['global_batch_size']} "
         f"({result['global_batch_size'] // mesh['data']} per data shard), {result['precision']}, "
-        f"{result['parameters'] / 1e6:,.1f}M parameters, {result['variables_split']} variable(s) split on the "
+        f"{_count(result['parameters'])} parameters, {result['variables_split']} variable(s) split on the "
         "model axis",
     ]
     if result["engine"] != "jax":
@@ -439,7 +529,7 @@ def format_text(result: dict) -> str:
     )
     if result["fits"]:
         flops, accessed = result.get("flops_per_step"), result.get("bytes_accessed_per_step")
-        if result.get("step_seconds_bound"):
+        if result.get("step_seconds_bound") and flops and accessed:
             lines.append(
                 f"  per step per chip: {flops / 1e9:,.3g} GFLOP, {size(accessed)} accessed; at least "
                 f"{_seconds(result['step_seconds_bound'])} at the chip's peak ({result['bound']}-bound), MFU at "
@@ -479,8 +569,9 @@ def format_text(result: dict) -> str:
     else:
         lines.append(f"  libtpu: {result['out_of_memory']}")
         lines.append(
-            f"DOES NOT FIT: needs {size(per_chip['total'])} per chip; a {result['device_kind']} chip has "
-            f"{size(hbm)} ({size(result['compiler'].get('available_bytes'))} usable by the program)."
+            f"DOES NOT FIT: needs {size(per_chip['total'])} per chip; libtpu has "
+            f"{size(result['compiler'].get('available_bytes'))} for the program on a {result['device_kind']} "
+            f"chip (Google's docs: {size(hbm)} of HBM)."
         )
         fixes = result.get("fixes")
         if fixes:

@@ -80,8 +80,8 @@ class AbstractStep:
     optimizer_bytes: int
     parameters: int
     policy: str
-    # The full shapes of the variables split over the model axis, and their paths.
-    split_shapes: dict[tuple[int, ...], str]
+    # The full shapes of the variables split over the model axis, and the paths of the variables of each.
+    split_shapes: dict[tuple[int, ...], list[str]]
     variables_split: int
     # Weights whose two last dimensions (a kernel's inputs and outputs) are not multiples of the 128 x 128 matrix
     # units: "path [shape]"; XLA pads them, so part of each matmul is wasted (Cloud TPU performance guide).
@@ -159,12 +159,11 @@ def abstract_step(
         specs(model_.metrics_variables, sharded=False),
     )
     weights = [*state[0], *state[1]]
-    split = {
-        tuple(v.shape): v.path
-        for v in model_.weights
-        if model > 1
-        and any(a == "model" for a in getattr(getattr(v, "_layout", None), "axes", ()) or ())
-    }
+    split: dict[tuple[int, ...], list[str]] = {}
+    for v in model_.weights:
+        axes = getattr(getattr(v, "_layout", None), "axes", ()) or ()
+        if model > 1 and "model" in axes:
+            split.setdefault(tuple(v.shape), []).append(v.path)
     return AbstractStep(
         model=model_,
         mesh=jax_mesh,
@@ -175,7 +174,7 @@ def abstract_step(
         parameters=sum(math.prod(v.shape) for v in model_.weights),
         policy=policy,
         split_shapes=split,
-        variables_split=len(split),
+        variables_split=sum(len(paths) for paths in split.values()),
         unaligned=[
             f"{v.path} {list(v.shape)}"
             for v in model_.trainable_variables
