@@ -96,7 +96,8 @@ def markdown(rows: list[dict]) -> str:
     for row in rows:
         name, topology = row["name"], row["topology"]
         if "error" in row:
-            reason = row["error"].split(". Fix:")[0].replace("|", "\\|")
+            # without the recipe's path (the clone's folder) and the fix: the same text in any clone
+            reason = row["error"].split(". Fix:")[0].split(".yaml: ", 1)[-1].replace("|", "\\|")
             lines.append(f"| {name} | {topology} | | | not compiled: {reason} | | | | |")
             continue
         mesh = f"{row['mesh']['data']} x {row['mesh']['model']}"

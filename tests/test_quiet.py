@@ -38,6 +38,16 @@ TF_216_CUINIT = (
     "2024-03-09 19:14:27.385862: E external/local_xla/xla/stream_executor/cuda/cuda_driver.cc:282] failed call to "
     "cuInit: CUDA_ERROR_NO_DEVICE: no CUDA-capable device is detected\n"
 )
+# libtpu 0.0.42.1 (jax[tpu]) starting JAX's TPU backend on a machine with no TPU (this project's 2-core VM).
+LIBTPU_START = (
+    "Failed to find host bounds for accelerator type: WARNING: could not determine TPU accelerator type, please set "
+    "env var `TPU_ACCELERATOR_TYPE` manually, otherwise libtpu.so may not properly initialize.\n"
+    "WARNING: Logging before InitGoogle() is written to STDERR\n"
+    "E0000 00:00:1795820456.281280    7056 common_lib.cc:554] INVALID_ARGUMENT: Error: unexpected worker hostname "
+    "'WARNING: could not determine TPU worker hostnames or IP addresses' from env var TPU_WORKER_HOSTNAMES.\n"
+    "=== Source Location Trace: === \n"
+    "learning/45eac/tfrc/runtime/libtpu_init_utils.cc:327\n"
+)
 # Lines that are not start-up noise: each must reach the user.
 REAL = [
     "W0000 00:00:1795545358.1    7761 gpu_device.cc:2342] Cannot dlopen some GPU libraries.",
@@ -243,12 +253,14 @@ def test_ctrl_c_in_the_quiet_start_prints_no_traceback_of_the_watchdog():
 @pytest.mark.parametrize("noise", quiet.NOISE, ids=lambda n: n.source or n.text.pattern[:20])
 def test_every_listed_line_hides_a_line_tensorflow_printed_and_says_why(noise):
     assert len({n.why for n in quiet.NOISE}) == len(quiet.NOISE)  # each reason names one entry
-    printed = (TF_221_START + TF_219_CUDA_START + TF_216_CUINIT).splitlines()
+    printed = (TF_221_START + TF_219_CUDA_START + TF_216_CUINIT + LIBTPU_START).splitlines()
     hidden_by_it = [line for line in printed if quiet.why_hidden(line) == noise.why]
-    assert hidden_by_it, f"no line TensorFlow printed is hidden by {noise}"
+    assert hidden_by_it, f"no line TensorFlow (or libtpu) printed is hidden by {noise}"
     for line in hidden_by_it:
         # Where an NVIDIA driver is installed a CUDA line explains an unused GPU: kept; the others never are.
         assert quiet.hidden(line, cuda_is_noise=False) is not noise.cuda
+        # Where a TPU is attached libtpu's lines say why it was not found: kept; the others never are.
+        assert quiet.hidden(line, libtpu_is_noise=False) is not noise.libtpu
     assert quiet.why_hidden(REAL[0]) is None and quiet.why_hidden(REAL[0], level=2) == (
         "TF_CPP_MIN_LOG_LEVEL=2 hides its severity"
     )

@@ -84,13 +84,17 @@ def mesh_for(recipe: Recipe, chips: int) -> tuple[int, int]:
 
 
 def _tfds_missing(recipe: Recipe) -> str | None:
-    """The TFDS dataset's name when the recipe reads one that is not prepared here (the check must not download)."""
-    if recipe.data.source != "tfds":
+    """The TFDS dataset's name when the recipe reads one (`tfds`, `movielens`) that is not prepared here: the check
+    must not download (a failed download retries for minutes)."""
+    options = recipe.data.options
+    if recipe.data.source == "tfds":
+        name = options.get("name", "mnist")
+    elif recipe.data.source == "movielens":  # TFDS' movielens/<variant> (tpukit.data.movielens)
+        name = f"movielens/{options.get('variant', '100k-ratings')}"
+    else:
         return None
     import tensorflow_datasets as tfds
 
-    options = recipe.data.options
-    name = options.get("name", "mnist")
     try:
         prepared = tfds.builder(name, data_dir=options.get("data_dir")).is_prepared()
     except Exception:  # noqa: BLE001 - an unknown name: the source's own error comes later, with its fix
