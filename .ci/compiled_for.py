@@ -84,8 +84,9 @@ def markdown(rows: list[dict]) -> str:
         f"libtpu {version('libtpu')} (jax {version('jax')}) on a 2-core x86 CPU with no TPU, by "
         "`.ci/compiled_for.py` in CI's TPU-compile tier (`tpukit check RECIPE --topology NAME` gives one row).",
         "",
-        "What a row proves: the TPU compiler accepts the step and plans its memory per chip as shown (HBM per chip "
-        "is the program's arguments, outputs not aliased to them, temporaries and code). The step time is a "
+        "What a row proves: the TPU compiler accepts the step and plans its memory per chip as shown (HBM per chip: "
+        "the larger of libtpu's peak and arguments + outputs not aliased to them + temporaries, plus the program's "
+        "code; [how](tpu.md#compiled-for-a-tpu-on-a-cpu)). The step time is a "
         "roofline bound at the chip's peak bf16 FLOP/s and HBM bandwidth, from the compiler's FLOPs and bytes "
         "accessed: no TPU ran it, and the input pipeline, host memory and the interconnect are not part of it. "
         "Real TPU runs: none yet ([TPU notes](tpu.md)).",
