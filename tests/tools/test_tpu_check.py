@@ -246,7 +246,14 @@ def test_libtpu_is_shared_between_processes_only_where_no_tpu_is_attached(tmp_pa
     kept = {"ALLOW_MULTIPLE_LIBTPU_LOAD": "0"}
     quiet.share_libtpu(kept, root=str(tmp_path))
     assert kept == {"ALLOW_MULTIPLE_LIBTPU_LOAD": "0"}  # the user's value is kept
-    (tmp_path / "dev").mkdir()
+    # /dev/vfio/<n> alone is any VFIO passthrough: a TPU only with a Google PCI device behind it
+    (tmp_path / "dev" / "vfio").mkdir(parents=True)
+    (tmp_path / "dev" / "vfio" / "0").touch()
+    assert not quiet.tpu_attached(str(tmp_path))
+    google = tmp_path / "sys" / "bus" / "pci" / "devices" / "0000:00:04.0"
+    google.mkdir(parents=True)
+    (google / "vendor").write_text("0x1ae0\n")
+    assert quiet.tpu_attached(str(tmp_path))
     (tmp_path / "dev" / "accel0").touch()
     attached = {}
     assert not quiet.share_libtpu(attached, root=str(tmp_path))

@@ -364,11 +364,31 @@ def _release(watchdog: subprocess.Popen | None) -> None:
     watchdog.wait()
 
 
+GOOGLE_PCI_VENDOR = "0x1ae0"
+
+
+def google_pci_devices(root: str = "/sys/bus/pci/devices") -> list[str]:
+    """PCI devices whose vendor is Google (TPU chips), e.g. ['0000:00:04.0']; [] when none or no sysfs."""
+    found = []
+    for path in sorted(glob.glob(os.path.join(root, "*", "vendor"))):
+        try:
+            with open(path, encoding="ascii") as f:
+                if f.read().strip().lower() == GOOGLE_PCI_VENDOR:
+                    found.append(os.path.basename(os.path.dirname(path)))
+        except OSError:
+            continue
+    return found
+
+
 def tpu_attached(root: str = "/") -> bool:
-    """Whether this machine has TPU chips attached (TPU VMs expose /dev/accel* or, from v5e on, /dev/vfio/N)."""
-    return bool(
-        glob.glob(os.path.join(root, "dev", "accel*"))
-        or glob.glob(os.path.join(root, "dev", "vfio", "[0-9]*"))
+    """Whether this machine has TPU chips attached: /dev/accel<n> (v2-v4), or /dev/vfio/<n> (v5e and later) backed
+    by a Google PCI device (any host that passes a PCI device through VFIO has /dev/vfio/<n>), the rule of
+    `tpukit.engines.tensorflow.strategy.tpu_device_files`."""
+    if glob.glob(os.path.join(root, "dev", "accel[0-9]*")):
+        return True
+    vfio = glob.glob(os.path.join(root, "dev", "vfio", "[0-9]*"))
+    return bool(vfio) and bool(
+        google_pci_devices(os.path.join(root, "sys", "bus", "pci", "devices"))
     )
 
 

@@ -33,7 +33,7 @@ import time
 
 from tpukit.engines.tensorflow import compat, keras_private, waiting
 from tpukit.engines.tensorflow.waiting import WaitInterrupted
-from tpukit.environment import diagnose, versions
+from tpukit.environment import diagnose, quiet, versions
 
 logger = logging.getLogger("tpukit")
 
@@ -70,20 +70,13 @@ class Choice:
 
 
 # PCI vendor id of Google (the TPU chips' vendor), as Linux lists it in /sys/bus/pci/devices/*/vendor.
-GOOGLE_PCI_VENDOR = "0x1ae0"
+GOOGLE_PCI_VENDOR = quiet.GOOGLE_PCI_VENDOR
 
 
 def google_pci_devices(root: str = "/sys/bus/pci/devices") -> list[str]:
-    """PCI devices whose vendor is Google (TPU chips), e.g. ['0000:00:04.0']; [] when none or no sysfs."""
-    found = []
-    for path in sorted(glob.glob(os.path.join(root, "*", "vendor"))):
-        try:
-            with open(path, encoding="ascii") as f:
-                if f.read().strip().lower() == GOOGLE_PCI_VENDOR:
-                    found.append(os.path.basename(os.path.dirname(path)))
-        except OSError:
-            continue
-    return found
+    """PCI devices whose vendor is Google (TPU chips), e.g. ['0000:00:04.0']; [] when none or no sysfs
+    (`tpukit.environment.quiet.google_pci_devices`, which the quiet start shares)."""
+    return quiet.google_pci_devices(root)
 
 
 def tpu_device_files() -> list[str]:
