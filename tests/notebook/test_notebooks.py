@@ -229,9 +229,16 @@ def execute(name: str, tmp_path) -> tuple[object, float]:
 
 
 def installed_nothing(text: str) -> bool:
-    """The install cell's one line for a venv where tpukit is installed, and no pip run."""
+    """The install cell's one line for a venv where tpukit is installed, and no pip run (other cells, such as the
+    doctor's fixes, may mention `pip install`)."""
     line = f"tpukit install: tpukit {importlib.metadata.version('tpukit')} is already installed with what this CPU "
-    return line in text and "installing nothing" in text and "pip install" not in text
+    install_lines = [x for x in text.splitlines() if x.startswith("tpukit install:")]
+    return (
+        line in text
+        and len(install_lines) == 1
+        and "installing nothing" in install_lines[0]
+        and "pip install" not in install_lines[0]
+    )
 
 
 def outputs_of(notebook) -> tuple[str, int]:
