@@ -97,6 +97,43 @@ def test_first_available_falls_back_only_when_data_cannot_be_read(tmp_path, caps
         notebook.first_available({str(recipe): []}, strategy)
 
 
+def test_an_unprepared_tfds_dataset_is_passed_over_in_seconds_when_the_network_does_not_answer(
+    tmp_path, monkeypatch, capsys
+):
+    """Without this, TFDS's own retries took 3-4 minutes per notebook in CI before the offline recipe was tried."""
+    import http.server
+    import threading
+    import time
+
+    from tpukit.recipe import load_recipe
+
+    mnist = load_recipe("mnist_cnn", [f"data.data_dir={tmp_path}"])  # nothing prepared there
+    monkeypatch.setattr(notebook, "TFDS_HOST", "http://127.0.0.1:9")  # the discard port: refused
+    start = time.perf_counter()
+    reason = notebook.cannot_download(mnist)
+    assert time.perf_counter() - start < notebook.NETWORK_TIMEOUT_S
+    assert "TFDS would download 'mnist', and http://127.0.0.1:9 did not answer" in reason
+    assert notebook.cannot_download(load_recipe("digits_cnn", [])) is None  # not TFDS
+
+    name, _ = notebook.first_available(
+        {"mnist_cnn": [f"data.data_dir={tmp_path}"], "digits_cnn": []}, tf.distribute.get_strategy()
+    )
+    assert name == "digits_cnn"
+    assert (
+        "mnist_cnn cannot read its data here (TFDS would download 'mnist'"
+        in capsys.readouterr().out
+    )
+
+    # A host that answers at all, even with an error status, is a network: TFDS is left to try.
+    server = http.server.HTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setattr(notebook, "TFDS_HOST", f"http://127.0.0.1:{server.server_port}")
+        assert notebook.cannot_download(mnist) is None
+    finally:
+        server.shutdown()
+
+
 def test_output_dir_reads_the_resume_step_from_the_engines_own_checkpoints(tmp_path, capsys):
     """One engine cannot resume the other's checkpoints: each reports only steps of its own format."""
     checkpoints = tmp_path / "lm" / "checkpoints"

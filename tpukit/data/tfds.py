@@ -61,6 +61,12 @@ class DataUnavailableError(RuntimeError):
     cause and the fix. An environment fault, not a bad recipe: the CLI exits 1 without a traceback."""
 
 
+def prepared_here(name: str, data_dir: str | None = None) -> bool:
+    """Whether TFDS has `name` prepared in `data_dir` (default: TFDS's), so reading it needs no network. Asks nothing
+    of the network itself (no GCS lookup)."""
+    return _find_builder(name, data_dir, try_gcs=False).is_prepared()
+
+
 def _builder(name: str, data_dir: str | None, try_gcs: bool, download: bool):
     builder = _find_builder(name, data_dir, try_gcs)
     if download:

@@ -124,6 +124,39 @@ def output_dir(root: str, name: str, colab=None, engine: str = "tensorflow") -> 
     return path
 
 
+# TFDS keeps its datasets' metadata and public copies (`try_gcs`) on Google Cloud Storage. Where this host does not
+# answer, an unprepared TFDS dataset cannot be fetched, and TFDS's own retries (10, with backoff) take minutes to
+# say so.
+TFDS_HOST = "https://storage.googleapis.com"
+NETWORK_TIMEOUT_S = 5
+
+
+def cannot_download(recipe: Recipe) -> str | None:
+    """Why `recipe`'s TFDS data cannot be read here, found in seconds: it is not prepared in its data_dir and
+    `TFDS_HOST` does not answer (proxies as the environment sets them); None when it may be readable."""
+    import urllib.error
+    import urllib.request
+
+    from tpukit.data.tfds import prepared_here
+
+    name = recipe.data.options.get("name")
+    if recipe.data.source != "tfds" or not name:
+        return None
+    if prepared_here(name, recipe.data.options.get("data_dir")):
+        return None
+    try:
+        request = urllib.request.Request(TFDS_HOST, method="HEAD")
+        urllib.request.urlopen(request, timeout=NETWORK_TIMEOUT_S).close()
+    except urllib.error.HTTPError:
+        return None  # it answered
+    except (OSError, ValueError) as error:
+        return (
+            f"TFDS would download {name!r}, and {TFDS_HOST} did not answer in {NETWORK_TIMEOUT_S} s: "
+            f"{type(error).__name__}: {error}"
+        )
+    return None
+
+
 def first_available(
     candidates: dict[str, list[str]], strategy=None, engine: str | None = None
 ) -> tuple[str, Recipe]:
@@ -131,7 +164,8 @@ def first_available(
 
     Each candidate is planned with `tpukit.plan` (which counts its examples, so TFDS downloads or reads its data
     here). A `RecipeError` (a mistyped override, a batch that does not divide) is raised, not skipped: only data
-    that cannot be read, e.g. a TFDS download without network, moves on to the next candidate.
+    that cannot be read (`cannot_download`: a TFDS dataset not prepared here, in seconds where the network does not
+    answer; any error while planning) moves on to the next candidate.
 
     Args:
         candidates: {recipe name or path: `--set`-style overrides}, in order of preference.
@@ -144,6 +178,11 @@ def first_available(
     for name, overrides in candidates.items():
         overrides = [*overrides, f"runtime.engine={engine}"] if engine else list(overrides)
         recipe = load_recipe(name, list(overrides))
+        offline = cannot_download(recipe)
+        if offline:
+            failures.append(f"{name}: {offline}")
+            print(f"{name} cannot read its data here ({offline}); trying the next recipe.")
+            continue
         try:
             plan(recipe, strategy)
         except RecipeError:
