@@ -199,3 +199,23 @@ def test_pipelines_over_examples_cached_in_memory_run_without_the_autotuning_mod
     # source is read every epoch, and the autotuning model stays.
     unfilled = pipeline.training_batches(examples, 8, steps_per_epoch=4, shuffle_buffer=1)
     assert unfilled.options().autotune.enabled is True
+
+
+def test_epochs_that_stop_short_of_a_pass_cache_nothing_and_tensorflow_stays_silent(caplog, capfd):
+    """A cache fills only at the end of a pass: an epoch that stops short would fill it partly and have TensorFlow
+    discard it with a C++ warning ("did not fully read the dataset being cached") every time an iterator ends."""
+    examples = tf.data.Dataset.from_tensor_slices(
+        (np.zeros((640, 2), np.float32), np.zeros(640, np.int32))
+    )
+    with caplog.at_level(logging.INFO, logger="tpukit"):
+        short = pipeline.training_batches(examples, 8, steps_per_epoch=4, shuffle_buffer=16)
+        for _ in range(2):  # two iterators, each ended after part of a pass
+            iterator = iter(short)
+            next(iterator)
+            del iterator
+    assert "not caching training examples: an epoch reads 32 of this pipeline's 640" in caplog.text
+    assert "did not fully read the dataset being cached" not in capfd.readouterr().err
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="tpukit"):
+        pipeline.training_batches(examples, 8, steps_per_epoch=80, shuffle_buffer=16)
+    assert "caching training examples in memory" in caplog.text

@@ -211,13 +211,21 @@ def training_batches(
     per_step = _replicas_per_pipeline(
         input_context
     )  # per-replica batches this pipeline gives each global step
+    if cache and steps_per_epoch and repeat:
+        # A cache fills only when a pass reaches its end: where an epoch plus the shuffle buffer's read-ahead stops
+        # short, every epoch reads the source again and the cache is discarded unfilled (TensorFlow then warns
+        # "The calling iterator did not fully read the dataset being cached"), so nothing is cached.
+        count = int(examples.cardinality())
+        if count >= 0 and steps_per_epoch * per_step * batch + shuffle_buffer <= count:
+            logger.info(
+                "tpukit: not caching training examples: an epoch reads %d of this pipeline's %d, and a cache "
+                "fills only when a pass reaches its end",
+                steps_per_epoch * per_step * batch,
+                count,
+            )
+            cache = False
     cached = maybe_cache(examples, cache, name="training examples")
     in_memory, examples = cached is not examples, cached
-    if in_memory and steps_per_epoch and repeat:
-        # A cache fills only when a pass reaches its end: an epoch plus the shuffle buffer's read-ahead that stops
-        # short reads the source (and its decoding) again every epoch, which keeps the autotuning model.
-        count = int(examples.cardinality())
-        in_memory = count >= 0 and steps_per_epoch * per_step * batch + shuffle_buffer > count
     if steps_per_epoch and repeat:
         batches = _epochs(
             examples,
