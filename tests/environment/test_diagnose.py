@@ -98,6 +98,36 @@ REPORTED = [
         ["google-api-python-client oauth2client", "tpukit[tpu,tpu-name]"],
     ),
     (
+        # googlecolab/colabtools#5203: tensorflow_cpu on Colab's TPU runtime (TPUStrategy's initialization).
+        "NotFoundError: TPUs not found in the cluster. Failed in initialization: No OpKernel was registered",
+        "cpu_tensorflow_on_tpu",
+        ['pip install "tpukit[jax-tpu]"', "--set runtime.engine=jax", "Python 3.13"],
+    ),
+    (
+        # jax-ml/jax#35905: jax.distributed.initialize() on a v6e-16 multislice, JAX 0.8.1+.
+        "jaxlib._jax.XlaRuntimeError: DEADLINE_EXCEEDED: Deadline Exceeded\n\n"
+        "RPC: /tensorflow.CoordinationService/RegisterTask",
+        "jax_coordinator_port",
+        ["8482", "JAX_COORDINATOR_PORT=8476", "every host"],
+    ),
+    (
+        # keras-team/keras-hub#2479 (jax/_src/core.py, JAX 0.8+).
+        "ValueError: Triggering __jax_array__() during abstractification is no longer supported. To avoid this "
+        "error, either explicitly convert your object using jax.numpy.array(), or register your object as a pytree.",
+        "jax_array_abstractification",
+        [
+            'pip install "keras>=3.15,<3.16" "keras-hub>=0.32"',
+            "jax.numpy.asarray",
+            "keras-hub#2479",
+        ],
+    ),
+    (
+        # TensorBoard's Profile tab on Colab with tensorboard-plugin-profile (openxla/xprof#839).
+        "No profile data was found.",
+        "profile_plugin_on_colab",
+        ["pip install -U xprof", "runtime.profile_steps"],
+    ),
+    (
         # Measured here: the chief's error ~10 s after the other worker of a 2-worker cluster was SIGKILLed.
         "InternalError: Collective ops is aborted by: Error reported from /job:worker/task:1: The following tasks are "
         "unhealthy (stopped sending heartbeats):\n/job:worker/replica:0/task:1\nThe tasks have crashed.",

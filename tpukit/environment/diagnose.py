@@ -171,17 +171,25 @@ KNOWN_ERRORS: tuple[KnownError, ...] = (
     KnownError(
         name="cpu_tensorflow_on_tpu",
         pattern=re.compile(
-            r"No OpKernel was registered to support Op '(ConfigureDistributedTPU|TPU\w*)'"
+            r"No OpKernel was registered to support Op '(ConfigureDistributedTPU|TPU\w*)'|"
+            r"TPUs not found in the cluster"
         ),
         cause=(
-            "the installed TensorFlow is the CPU/GPU wheel (`tensorflow`), which has no TPU kernels, so it cannot "
-            "initialize or run the TPU (its 'Registered devices' list has no TPU)."
+            "the installed TensorFlow is the CPU/GPU wheel (`tensorflow` or `tensorflow-cpu`), which has no TPU "
+            "kernels, so it cannot initialize or run the TPU (its 'Registered devices' list has no TPU). Colab's "
+            "and Kaggle's TPU runtimes ship JAX and that wheel, no TensorFlow TPU build."
         ),
-        fix=f"install the TPU build of TensorFlow: {_tpu_install()}.",
+        fix=(
+            'train with the jax engine, which uses the runtime\'s JAX: `pip install "tpukit[jax-tpu]"`, then '
+            f"`--set runtime.engine=jax` (the only way on Python 3.13). Or install the TPU build of TensorFlow "
+            f"(Python 3.10-3.12): {_tpu_install()}."
+        ),
         reports=(
             "github.com/tensorflow/tensorflow/issues/52149",
             "github.com/tensorflow/tensorflow/issues/28395",
             "github.com/google-research/google-research/issues/651",
+            "github.com/googlecolab/colabtools/issues/5203",
+            "github.com/tensorflow/tensorflow/issues/96203",
         ),
     ),
     KnownError(
@@ -341,6 +349,59 @@ KNOWN_ERRORS: tuple[KnownError, ...] = (
         ),
         reports=(
             "github.com/tensorflow/tensorflow/blob/v2.19.1/tensorflow/python/tpu/client/client.py",
+        ),
+    ),
+    KnownError(
+        name="jax_coordinator_port",
+        pattern=re.compile(r"CoordinationService/RegisterTask"),
+        cause=(
+            "this process could not register with the cluster's coordinator (process 0, or the chief) before the "
+            "deadline. With the jax engine on a Cloud TPU multi-host or multislice slice and JAX 0.8.1 or newer, "
+            "the usual reason is the port: JAX's default "
+            "coordinator port became 8482 (it was 8476), and the firewall rule Google Cloud creates for a TPU "
+            "slice opens 8476, not 8482. Otherwise process 0 is not running, or is on another address."
+        ),
+        fix=(
+            "set `JAX_COORDINATOR_PORT=8476` on every host before starting the same command on each (or open "
+            "TCP 8482 between the hosts); check that process 0 runs and that every host names the same "
+            "coordinator."
+        ),
+        reports=("github.com/jax-ml/jax/issues/35905",),
+    ),
+    KnownError(
+        name="jax_array_abstractification",
+        pattern=re.compile(r"Triggering `?__jax_array__\(\)`? during abstractification"),
+        cause=(
+            "JAX 0.8 and newer no longer convert objects with `__jax_array__` (a Keras variable, say) when they "
+            "are passed to a jitted function; Keras before 3.12, and code that hands Keras or KerasHub objects "
+            "to `jax.jit` directly, fail this way after a JAX upgrade."
+        ),
+        fix=(
+            f'`{versions.keras_install_command()} "keras-hub>=0.32"` (KerasHub releases from 0.30 require '
+            "Keras 3.15), then restart the runtime; in your own code, pass `jax.numpy.asarray(x)` (or the "
+            "variable's `.value`) instead of the object. If KerasHub's own `generate()` raises it, the bug is "
+            "open upstream (keras-hub#2479)."
+        ),
+        reports=(
+            "github.com/keras-team/keras-hub/issues/2479",
+            "github.com/keras-team/keras/pull/21719",
+        ),
+    ),
+    KnownError(
+        name="profile_plugin_on_colab",
+        pattern=re.compile(r"No profile data was found"),
+        cause=(
+            "TensorBoard's Profile tab comes from a plugin; the old `tensorboard-plugin-profile` no longer works "
+            "on current Colab runtimes, and the profile plugin is now the `xprof` package."
+        ),
+        fix=(
+            "`pip install -U xprof` (`pip uninstall -y tensorboard-plugin-profile` first if it is installed), "
+            "restart the runtime, then `%load_ext tensorboard` and `%tensorboard --logdir OUTPUT_DIR/logs`; "
+            "tpukit writes a trace only for the steps `runtime.profile_steps` names."
+        ),
+        reports=(
+            "github.com/jax-ml/scaling-book/pull/114",
+            "github.com/openxla/xprof/issues/839",
         ),
     ),
     KnownError(
