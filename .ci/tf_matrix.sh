@@ -6,6 +6,7 @@
 #   .ci/tf_matrix.sh                          # the versions tpukit declares (tpukit/environment/versions.py CPU rows)
 #   .ci/tf_matrix.sh 2.19.1 2.21.0            # chosen versions
 #   SOURCE=/path/to/clone .ci/tf_matrix.sh    # test another checkout (default: this one)
+#   TESTS="tests/engines/tensorflow tests/data" .ci/tf_matrix.sh 2.19.1   # those tests only (.ci/run does this)
 #
 # Heavy: each version downloads and installs TensorFlow (~600 MB) and runs ~5-10 min of tests on 2 cores.
 # On CPU only: this proves the Python code and the dependency metadata on each TensorFlow, not a TPU.
@@ -38,8 +39,9 @@ for version in "${versions[@]}"; do
     # JUnit XML gives exact counts whatever pytest's summary line looks like.
     # The jax engine's tests are left to the suite on the newest TensorFlow (.ci/run): here TensorFlow only feeds
     # their tf.data, and they would add ~4 min per version.
+    # shellcheck disable=SC2086  # TESTS is a list of paths
     (cd "$SOURCE" && "$venv/bin/python" -m pytest -q -p no:cacheprovider --ignore=tests/engines/jax \
-        --ignore=tests/tools/test_smoke_jax.py --junitxml="$work/tf-$version.xml") >>"$log" 2>&1
+        --ignore=tests/tools/test_smoke_jax.py --junitxml="$work/tf-$version.xml" ${TESTS:-}) >>"$log" 2>&1
     code=$?
     counts=$("$PYTHON" - "$work/tf-$version.xml" <<'EOF'
 import sys

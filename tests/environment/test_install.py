@@ -170,6 +170,70 @@ def test_jax_tpu_extra_resolves_jax_with_its_own_libtpu_and_no_tensorflow_tpu():
     assert_tfds_metadata_loads(resolved)
 
 
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory):
+    """This checkout's wheel, and a wheel of `promise` (TFDS requires it and PyPI has only its sdist): resolving for
+    another Python (`--python-version`) takes wheels only."""
+    if not _index_reachable():
+        pytest.skip("pypi.org:443 is unreachable: the dry-run resolution needs the package index")
+    folder = tmp_path_factory.mktemp("wheels")
+    for source in (str(ROOT), "promise"):
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "wheel",
+                "--no-deps",
+                "--quiet",
+                "-w",
+                str(folder),
+                source,
+            ],
+            check=True,
+            capture_output=True,
+            timeout=600,
+        )
+    return folder
+
+
+def resolve_for(python: str, wheels, extra: str, *pins: str) -> dict[str, str]:
+    """{name: version} pip would install for this checkout's `extra` beside `pins` on CPython `python` here."""
+    (tpukit,) = wheels.glob("tpukit-*.whl")
+    metadata = resolve_metadata(
+        "--python-version",
+        python,
+        "--only-binary=:all:",
+        "--find-links",
+        str(wheels),
+        f"{tpukit}[{extra}]",
+        *pins,
+    )
+    return {name: item["version"] for name, item in metadata.items()}
+
+
+@pytest.mark.network
+def test_on_kaggles_tpu_image_the_jax_tpu_extra_keeps_its_tensorflow_and_replaces_its_old_jax(
+    wheels,
+):
+    """Kaggle's TPU image (Kaggle/docker-python tpu/): Python 3.12, tensorflow-cpu 2.20.0, jax[tpu] with libtpu
+    forced to 0.0.17 (jax 0.6.2's pin; the image's JAX is 0.7.x). tpukit's extra keeps that TensorFlow; JAX below
+    the tested range is replaced, with the libtpu the new JAX pins: what `tpukit doctor` says there."""
+    resolved = resolve_for("3.12", wheels, "jax-tpu", "tensorflow-cpu==2.20.0")
+    assert resolved["tensorflow-cpu"] == "2.20.0"
+    assert_jax_in_the_tested_range(resolved)
+    assert resolved["libtpu"] != "0.0.17" and "tensorflow-tpu" not in resolved
+
+
+@pytest.mark.network
+def test_on_colabs_python_3_13_the_jax_tpu_extra_resolves_to_wheels(wheels):
+    """Wheels for CPython 3.13 only (pip evaluates the requirements' markers for the Python running it: the `tpu`
+    extra's `python_version < "3.13"` is resolved on 3.13 itself by .ci/newest_stack.sh)."""
+    jax = resolve_for("3.13", wheels, "jax-tpu")
+    assert_jax_in_the_tested_range(jax)
+    assert "libtpu" in jax and "tensorflow-tpu" not in jax
+
+
 def test_the_jax_extras_declare_the_jax_engines_tested_range():
     text = (ROOT / "setup.cfg").read_text()
     jax = f">={'.'.join(map(str, JAX_TESTED[0]))},<{'.'.join(map(str, JAX_TESTED[1]))}"

@@ -34,6 +34,13 @@ GOOD_TPU = {
 PINNED = 'pip install "tensorflow-tpu==2.19.1" "libtpu==0.0.10"'
 
 
+@pytest.fixture(autouse=True)
+def python_3_12(monkeypatch):
+    """The faked machines run Python 3.12 (Kaggle's), where tensorflow-tpu has a wheel, whatever runs the tests;
+    the Python 3.13 tests say so."""
+    monkeypatch.setattr(doctor, "_python", lambda: (3, 12))
+
+
 def detect(env, tpu_files=(), gpu_files=(), colab=False, kaggle=False):
     return doctor.detect_runtime(
         env=env,
@@ -810,3 +817,79 @@ def test_tpu_compilation_needs_the_jax_engine_to_run():
         installed, JAX_TPU_REQUIRES, "TensorFlow is not installed."
     )
     assert finding.level == "skip" and "cannot run here" in finding.message
+
+
+@pytest.mark.parametrize(
+    "platform, jax, libtpu, effect",
+    [
+        ("colab", "0.10.2", "0.0.42.1", "keeps this runtime's jax 0.10.2 and libtpu 0.0.42.1"),
+        # Kaggle's image: jax[tpu] unpinned at build time (0.7.2 then), libtpu forced to 0.0.17 (its tpu/Dockerfile).
+        (
+            "kaggle",
+            "0.7.2",
+            "0.0.17",
+            "replaces this runtime's jax 0.7.2 and libtpu 0.0.17 with jax[tpu] >=0.10,<0.13 and the libtpu it pins",
+        ),
+    ],
+)
+def test_colab_and_kaggle_tpu_runtimes_are_named_with_the_engine_and_the_install_command(
+    metadata, platform, jax, libtpu, effect
+):
+    installed = {**TPU_JAX, "jax": jax, "jaxlib": jax, "libtpu": libtpu, "tensorflow-cpu": "2.20.0"}
+    metadata(installed)
+    report = doctor.diagnose_environment(
+        connect=pytest.fail,
+        import_module=lambda name: object(),
+        **{**FAKE_MACHINE, "env": TPU_RUNTIMES[platform], "kaggle_dir": platform == "kaggle"},
+    )
+    hosted = report["hosted"]
+    assert hosted["name"] == versions.HOSTED_RUNTIMES[platform].name
+    assert hosted["engine"] == "jax" and hosted["install"] == (
+        'pip install "tpukit[jax-tpu] @ git+https://github.com/tpukit/tpukit.git"'
+    )
+    assert hosted["install_effect"].startswith(effect)
+    text = doctor.format_report(report)
+    chips = {"colab": "TPU v5e-1 (one chip, 16 GB HBM)", "kaggle": "TPU v5e-8 (8 chips)"}[platform]
+    assert f"  {hosted['name']}: {chips}; ships " in text
+    assert (
+        "tpukit trains here with the jax engine (`python -m tpukit.train RECIPE --set runtime.engine=jax`)"
+        in text
+    )
+    assert f"  install: `{hosted['install']}` ({effect}" in text
+    assert json.loads(json.dumps(report))["hosted"] == hosted
+
+
+@pytest.mark.parametrize(
+    "env, kaggle, gpu",
+    [
+        ({"COLAB_RELEASE_TAG": "release-colab_2026"}, False, []),  # Colab's CPU runtime
+        ({"KAGGLE_KERNEL_RUN_TYPE": "Interactive"}, True, ["/dev/nvidia0"]),  # Kaggle's GPU runtime
+        (
+            {"TPU_ACCELERATOR_TYPE": "v5litepod-8", "TPU_WORKER_ID": "0"},
+            False,
+            [],
+        ),  # a Cloud TPU VM
+    ],
+)
+def test_other_runtimes_are_not_named(env, kaggle, gpu):
+    runtime = detect(env, gpu_files=gpu, kaggle=kaggle)
+    assert doctor.hosted_runtime(runtime, TPU_JAX) is None
+
+
+def test_on_python_3_13_a_tpu_vm_is_sent_to_the_jax_engine_not_to_tensorflow_tpu(monkeypatch):
+    monkeypatch.setattr(doctor, "_python", lambda: (3, 13))
+    runtime = detect(TPU_RUNTIMES["colab"])
+    no_jax = {**TPU_JAX, "jax": None, "jaxlib": None, "libtpu": None}
+    (finding,) = by_topic(doctor.check_versions(runtime, no_jax, None), "tensorflow")
+    assert finding.message == "TensorFlow is not installed."
+    assert finding.fix.startswith("no TensorFlow TPU build installs on Python 3.13")
+    assert 'pip install "tpukit[jax-tpu]"' in finding.fix and PINNED not in finding.fix
+    cpu_wheel = {**no_jax, "tensorflow": "2.21.0"}
+    (finding,) = by_topic(doctor.check_versions(runtime, cpu_wheel, None), "tensorflow")
+    assert (
+        finding.fix.startswith("no TensorFlow TPU build installs")
+        and "uninstall" not in finding.fix
+    )
+    problems = engines(runtime, {**TPU_JAX, "tensorflow-cpu": "2.21.0"})
+    assert "no TensorFlow TPU build installs on Python 3.13" in problems["tensorflow"]
+    assert problems["jax"] is None

@@ -106,6 +106,86 @@ COMBINATIONS: tuple[Combination, ...] = (
 # (0.0.52 in 2026), and no upstream source documents any libtpu with it as working.
 
 
+@dataclasses.dataclass(frozen=True)
+class HostedRuntime:
+    """A hosted TPU runtime users meet by name, as its public sources describe it (not run here: no TPU is)."""
+
+    name: str
+    chips: str
+    python: str
+    ships: str
+    evidence: str
+
+
+# `tpukit doctor` names these on their TPU runtimes. Neither has a TensorFlow TPU build: tpukit trains there with
+# the jax engine.
+HOSTED_RUNTIMES = {
+    "colab": HostedRuntime(
+        name="Colab's TPU runtime",
+        chips="TPU v5e-1 (one chip, 16 GB HBM)",
+        python="3.13",
+        ships="JAX with its libtpu; no TensorFlow",
+        evidence=(
+            "github.com/googlecolab/colabtools/issues/5566 (v5e-1 in the free tier, Sep 2025), /issues/5164 (TPU "
+            "runtimes ship JAX, TensorFlow no longer preinstalled), /issues/6081 (Python 3.13 since Aug 2026)"
+        ),
+    ),
+    "kaggle": HostedRuntime(
+        name="Kaggle's TPU runtime",
+        chips="TPU v5e-8 (8 chips)",
+        python="3.12",
+        ships="jax[tpu] (unpinned when the image is built) with libtpu forced to 0.0.17, tensorflow-cpu 2.20.0",
+        evidence=(
+            "github.com/Kaggle/docker-python tpu/config.txt (python:3.12, TENSORFLOW_VERSION=2.20.0), "
+            "tpu/requirements.in (jax[tpu], tensorflow-cpu; tensorflow-tpu disabled, b/447621961), tpu/Dockerfile "
+            "(libtpu==0.0.17, 'compatible with both jax 0.7.2 and torch 2.8.0'), commit 42bb19d"
+        ),
+    ),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class TestedStack:
+    """A whole environment tpukit's tests ran on, and which tests: every range setup.cfg declares has its ends here
+    (tests/environment/test_versions.py checks it)."""
+
+    python: str
+    packages: str
+    ran: str
+
+
+TESTED_STACKS = (
+    TestedStack(
+        "3.11", "tensorflow 2.21.0, keras 3.15.1, jax 0.10.2", "every test tier, in CI (.ci/run)"
+    ),
+    TestedStack(
+        "3.11",
+        "the same with jax[tpu] 0.10.2 and libtpu 0.0.42.1",
+        "the tpu_compile tier and docs/compiled_for.md's v5e-8 rows, in CI: TPU programs compiled, none run",
+    ),
+    TestedStack(
+        "3.13",
+        "jax 0.12.0.1, tensorflow-cpu 2.21.0, keras 3.15.1, numpy 2.5.5 (`pip install .[jax,test]`)",
+        "the jax engine's, the doctor's and the quiet start's tests and the main job on the jax engine, in CI "
+        "(.ci/newest_stack.sh: a Debian trixie root)",
+    ),
+    TestedStack(
+        "3.11",
+        "tensorflow 2.19.1, keras 3.15.1",
+        "the tensorflow engine's, the pipelines' and the environment's tests in CI; the default tier without "
+        "the jax engine's tests by hand (.ci/tf_matrix.sh 2.19.1)",
+    ),
+    TestedStack(
+        "3.11",
+        "tensorflow 2.20.0, keras 3.15.1",
+        "the default tier without the jax engine's tests, by hand (.ci/tf_matrix.sh 2.20.0)",
+    ),
+)
+
+# Where tpukit comes from on a hosted runtime (no package named tpukit is on PyPI): the notebooks' TPUKIT_SOURCE.
+SOURCE = "git+https://github.com/tpukit/tpukit.git"
+
+
 def pinned_tpu() -> Combination:
     """The TPU row the `tpu` extra installs."""
     return next(c for c in COMBINATIONS if c.is_tpu and c.pinned)
@@ -120,6 +200,33 @@ def find(distribution: str, tensorflow: str, libtpu: str | None = None) -> Combi
             continue
         return combination
     return None
+
+
+def _tpu_pythons() -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """[low, high) of the Pythons the pinned TPU build has wheels for, from its `python` (">=3.10,<3.13")."""
+    low, high = pinned_tpu().python.split(",")
+    return tuple(map(int, low.removeprefix(">=").split("."))), tuple(
+        map(int, high.removeprefix("<").split("."))
+    )
+
+
+def tensorflow_tpu_installable(python: tuple[int, int]) -> bool:
+    """Whether the pinned TensorFlow TPU build has a wheel for this (major, minor) Python: tensorflow-tpu 2.19.1 has
+    CPython 3.10-3.12 wheels, and none exists for 3.13 (Colab's TPU runtime), where only the jax engine runs."""
+    low, high = _tpu_pythons()
+    return low <= tuple(python[:2]) < high
+
+
+def no_tensorflow_tpu_wheel(python: tuple[int, int]) -> str:
+    """Why the tensorflow engine cannot use a TPU on this Python, and the fix (the jax engine)."""
+    row, (low, high) = pinned_tpu(), _tpu_pythons()
+    return (
+        f"no TensorFlow TPU build installs on Python {python[0]}.{python[1]}: tensorflow-tpu {row.tensorflow} "
+        f"has wheels for CPython {low[0]}.{low[1]}-{high[0]}.{high[1] - 1} only, "
+        "and TensorFlow's TPU builds ended with 2.20.0. Fix: the jax engine, "
+        '`pip install "tpukit[jax-tpu]"` (it keeps a JAX in range and its libtpu), then train with '
+        "`--set runtime.engine=jax`."
+    )
 
 
 def minor(version: str) -> tuple[int, int]:

@@ -412,6 +412,8 @@ def check_tpu_compiler(
 
 
 def _tpu_fix() -> str:
+    if not versions.tensorflow_tpu_installable(_python()):
+        return versions.no_tensorflow_tpu_wheel(_python())
     return f"`{versions.pinned_tpu().install_command()}`, {RESTART}"
 
 
@@ -485,7 +487,9 @@ def _check_tpu_build(
                 f"this is a TPU VM but the installed TensorFlow is the CPU/GPU wheel (tensorflow {tf_cpu}), "
                 "which has no TPU kernels ('No OpKernel was registered to support Op "
                 "ConfigureDistributedTPU').",
-                f"`pip uninstall -y tensorflow tensorflow-cpu` then {tpu_fix}",
+                f"`pip uninstall -y tensorflow tensorflow-cpu` then {tpu_fix}"
+                if versions.tensorflow_tpu_installable(_python())
+                else tpu_fix,
             )
         )
     elif tf_cpu:
@@ -832,6 +836,8 @@ def _tensorflow_engine_problem(
     )
     if problem is None and runtime.accelerator == "tpu_vm" and not installed.get("tensorflow-tpu"):
         problem = "on a TPU VM it needs TensorFlow's TPU build (tensorflow-tpu); the CPU/GPU wheel has no TPU kernels."
+        if not versions.tensorflow_tpu_installable(_python()):
+            problem = f"on a TPU VM it needs TensorFlow's TPU build, and {versions.no_tensorflow_tpu_wheel(_python())}"
     return problem
 
 
@@ -919,6 +925,39 @@ def engine_findings(
     ]
 
 
+def _python() -> tuple[int, int]:
+    return sys.version_info[:2]
+
+
+def hosted_runtime(runtime: Runtime, installed: dict[str, str | None]) -> dict | None:
+    """On Colab's or Kaggle's TPU runtime: its name, what it ships (`versions.HOSTED_RUNTIMES`), the engine tpukit
+    trains with there (jax: neither has a TensorFlow TPU build) and the install command, saying whether that keeps
+    the runtime's JAX and libtpu (a JAX in the jax engine's tested range) or replaces them (then a restart). None
+    elsewhere."""
+    known = versions.HOSTED_RUNTIMES.get(runtime.platform)
+    if known is None or runtime.accelerator != "tpu_vm":
+        return None
+    jax, libtpu = installed.get("jax"), installed.get("libtpu")
+    low, high = (versions.dotted(b) for b in jax_compat.JAX_TESTED)
+    if _in_range(jax, jax_compat.JAX_TESTED):
+        effect = f"keeps this runtime's jax {jax} and libtpu {libtpu or 'none'}"
+    else:
+        effect = (
+            f"replaces this runtime's jax {jax or 'none'} and libtpu {libtpu or 'none'} with jax[tpu] >={low},<{high} "
+            "and the libtpu it pins (the jax engine was tested there, not on this JAX); restart the runtime after it"
+        )
+    return {
+        "name": known.name,
+        "chips": known.chips,
+        "ships": known.ships,
+        "engine": "jax",
+        "install": f'pip install "tpukit[jax-tpu] @ {versions.SOURCE}"',
+        "install_effect": effect,
+        "train": f"python -m tpukit.train RECIPE {JAX_ENGINE}",
+        "sources": known.evidence,
+    }
+
+
 def diagnose_environment(
     tpu: str | None = None,
     connect=_default_connect,
@@ -940,7 +979,12 @@ def diagnose_environment(
     except importlib.metadata.PackageNotFoundError:
         jax_requires = None
     tf_dist = _tensorflow_dist(installed)
-    tf_requires = importlib.metadata.requires(tf_dist) if tf_dist else None
+    try:
+        tf_requires = importlib.metadata.requires(tf_dist) if tf_dist else None
+    except (
+        importlib.metadata.PackageNotFoundError
+    ):  # listed, then removed; or the tests' faked versions
+        tf_requires = None
     findings = check_versions(runtime, installed, jax_requires, tf_requires)
     accelerator: dict = {}
     # TensorFlow's import and first device listing print C++ start-up lines on every machine: hidden, the rest kept.
@@ -978,6 +1022,7 @@ def diagnose_environment(
     return {
         "ok": not any(f.level == "fail" for f in findings),
         "runtime": dataclasses.asdict(runtime),
+        "hosted": hosted_runtime(runtime, installed),
         "python": sys.version.split()[0],
         "versions": installed,
         "accelerator": accelerator,
@@ -987,6 +1032,16 @@ def diagnose_environment(
         },
         "findings": [dataclasses.asdict(f) for f in findings],
     }
+
+
+def _hosted_lines(hosted: dict | None) -> list[str]:
+    if not hosted:
+        return []
+    return [
+        f"  {hosted['name']}: {hosted['chips']}; ships {hosted['ships']}. tpukit trains here with the "
+        f"{hosted['engine']} engine (`{hosted['train']}`).",
+        f"  install: `{hosted['install']}` ({hosted['install_effect']}).",
+    ]
 
 
 def format_report(report: dict) -> str:
@@ -1004,6 +1059,7 @@ def format_report(report: dict) -> str:
             else ""
         ),
         "  evidence: " + "; ".join(runtime["evidence"]),
+        *_hosted_lines(report.get("hosted")),
         "  python "
         + report["python"]
         + ", "

@@ -173,7 +173,8 @@ def use_cpu_xla_flags() -> XlaFlags:
             "XLA_FLAGS too; JAX_PLATFORMS=cpu trains on the CPU with them"
         )
         wanted = []
-    if wanted and _backend_started():
+    late = bool(wanted) and _backend_started()
+    if late:
         skipped.append(
             f"{' '.join(wanted)}: JAX's backend started before tpukit's jax engine was first used, and XLA had "
             "read its flags then. Fix: run no JAX code before the first tpukit.run/fit (a model built outside the "
@@ -183,7 +184,12 @@ def use_cpu_xla_flags() -> XlaFlags:
     if wanted:
         os.environ["XLA_FLAGS"] = " ".join([current, *wanted]).strip()
     elif skipped:
-        logging.getLogger("tpukit").info("tpukit: no XLA:CPU flags added (%s)", "; ".join(skipped))
+        # Only a late start is the user's to fix; another jaxlib or an accelerator backend is no news to them.
+        logging.getLogger("tpukit").log(
+            logging.INFO if late else logging.DEBUG,
+            "tpukit: no XLA:CPU flags added (%s)",
+            "; ".join(skipped),
+        )
     beside = f"TensorFlow {tensorflow_version}" if tensorflow_version else "no TensorFlow"
     return XlaFlags(
         tuple(wanted), "; ".join(skipped) or f"jaxlib {jaxlib}, {beside}: {CPU_XLA_FLAGS_WHY}"
