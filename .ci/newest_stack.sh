@@ -67,9 +67,14 @@ assert not names & {\"tensorflow-tpu\", \"libtpu\"}, names
 print(\"newest stack: .[tpu] adds no tensorflow-tpu on Python 3.13\")
 "
 /work/venv/bin/python -m pytest -q -p no:cacheprovider $TESTS
-cd /tmp
-/work/venv/bin/python -m tpukit.train digits_cnn --output_dir /tmp/run --set runtime.engine=jax \
+# A new output directory: the cached root keeps /tmp, and a run there would resume, not train.
+run="$(mktemp -d)"
+cd "$run"
+/work/venv/bin/python -m tpukit.train digits_cnn --output_dir "$run/out" --set runtime.engine=jax \
     --set train.epochs=2 --set train.warmup_steps=5
-test -s /tmp/run/metrics.json
-echo "newest stack: the main job trained on the jax engine and wrote $(ls /tmp/run)"
+test -s "$run/out/metrics.json"
+/work/venv/bin/python -c "import json, sys; m = json.load(open(sys.argv[1])); \
+assert m[\"step\"] == 44 and not m[\"resumed_from_step\"], m" "$run/out/metrics.json"
+echo "newest stack: the main job trained on the jax engine and wrote $(ls "$run/out" | tr "\n" " ")"
+rm -rf "$run"
 '
