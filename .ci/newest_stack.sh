@@ -13,6 +13,11 @@ cache="${TPUKIT_CI_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tpukit-ci}"
 root="$cache/trixie"
 TESTS="${TESTS:-tests/engines/jax tests/tools/test_smoke_jax.py tests/tools/test_doctor.py tests/test_quiet.py}"
 
+if [ "$(id -u)" != 0 ]; then
+    echo "newest_stack.sh: needs root (debootstrap, chroot, mounts); received uid $(id -u). Fix: run it as root," \
+        "or skip it in .ci/run with TPUKIT_CI_NEWEST_STACK=0." >&2
+    exit 1
+fi
 if [ ! -x "$root/usr/bin/python3.13" ]; then
     command -v debootstrap >/dev/null || { apt-get update -qq && apt-get install -y -qq debootstrap >/dev/null; }
     rm -rf "$root.partial"

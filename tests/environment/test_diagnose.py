@@ -101,7 +101,11 @@ REPORTED = [
         # googlecolab/colabtools#5203: tensorflow_cpu on Colab's TPU runtime (TPUStrategy's initialization).
         "NotFoundError: TPUs not found in the cluster. Failed in initialization: No OpKernel was registered",
         "cpu_tensorflow_on_tpu",
-        ['pip install "tpukit[jax-tpu]"', "--set runtime.engine=jax", "Python 3.13"],
+        [
+            'pip install "tpukit[jax-tpu] @ git+https://github.com/tpukit/tpukit.git"',
+            "--set runtime.engine=jax",
+            "Python 3.13",
+        ],
     ),
     (
         # jax-ml/jax#35905: jax.distributed.initialize() on a v6e-16 multislice, JAX 0.8.1+.

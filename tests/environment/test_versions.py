@@ -68,4 +68,4 @@ def test_the_tpu_extra_adds_tensorflows_tpu_build_exactly_where_it_has_a_wheel(p
     if not installable:
         why = versions.no_tensorflow_tpu_wheel((3, 13))
         assert "Python 3.13" in why and "CPython 3.10-3.12 only" in why
-        assert 'pip install "tpukit[jax-tpu]"' in why
+        assert f'pip install "tpukit[jax-tpu] @ {versions.SOURCE}"' in why

@@ -153,13 +153,33 @@ def test_good_cpu_and_good_tpu_environments_pass():
         assert [f.level for f in findings] == ["ok", "ok"], findings
 
 
+CLOUD_TPU_VM = {"TPU_ACCELERATOR_TYPE": "v5litepod-8", "TPU_WORKER_ID": "0"}
+
+
 def test_cpu_wheel_on_a_tpu_vm_gets_the_uninstall_and_the_pinned_install():
-    (finding,) = by_topic(
-        doctor.check_versions(detect({"COLAB_TPU_1VM": "1"}), GOOD_CPU), "tensorflow"
-    )
+    (finding,) = by_topic(doctor.check_versions(detect(CLOUD_TPU_VM), GOOD_CPU), "tensorflow")
     assert finding.level == "fail" and "CPU/GPU wheel (tensorflow 2.21.0)" in finding.message
     assert finding.fix.startswith("`pip uninstall -y tensorflow tensorflow-cpu` then `" + PINNED)
     assert "restart the runtime" in finding.fix
+
+
+def test_cpu_wheel_on_colab_or_beside_jax_gets_the_jax_engine_not_tensorflow_tpu():
+    """Colab's and Kaggle's TPU runtimes ship JAX, and tensorflow-tpu's libtpu would replace JAX's: even where
+    their JAX does not find the TPU yet (Kaggle's image: jax 0.7.x with libtpu 0.0.17, not the 0.0.23 it pins),
+    the fix is the jax engine's install, never tensorflow-tpu."""
+    kaggle = {**GOOD_CPU, "tensorflow": None, "tensorflow-cpu": "2.20.0"}
+    kaggle.update(jax="0.7.2", jaxlib="0.7.2", libtpu="0.0.17")
+    cases = [
+        (detect({"COLAB_TPU_1VM": "1"}), GOOD_CPU, "Colab's TPU runtime ships JAX"),
+        (detect(TPU_RUNTIMES["kaggle"], kaggle=True), kaggle, "Kaggle's TPU runtime ships JAX"),
+        (detect(CLOUD_TPU_VM), kaggle, "cannot share the TPU with the installed JAX"),
+    ]
+    for runtime, installed, why in cases:
+        requires = ['libtpu==0.0.23; extra == "tpu"']
+        (finding,) = by_topic(doctor.check_versions(runtime, installed, requires), "tensorflow")
+        assert finding.level == "fail" and why in finding.message, finding
+        assert 'pip install "jax[tpu]>=0.10,<0.13"' in finding.fix, finding
+        assert "tensorflow-tpu" not in finding.fix and doctor.RESTART in finding.fix
 
 
 def test_both_tensorflow_wheels_installed_is_a_conflict():
@@ -624,10 +644,21 @@ def test_a_tpu_runtime_with_jax_and_no_tensorflow_gets_the_jax_engine_not_tensor
     [{"libtpu": None}, {"libtpu": "0.0.21"}, {"jax": None, "jaxlib": None, "libtpu": None}],
     ids=["jax_without_libtpu", "another_libtpu", "no_jax"],
 )
-def test_without_a_jax_that_finds_the_tpu_the_advice_is_the_pinned_tensorflow_tpu(change):
+def test_without_a_jax_that_finds_the_tpu_the_advice_is_the_jax_engine_on_colab(change):
     installed = {**TPU_JAX, **change}
     (finding,) = by_topic(
         doctor.check_versions(detect(TPU_RUNTIMES["colab"]), installed, JAX_REQUIRES), "tensorflow"
+    )
+    assert finding.message.startswith(
+        "TensorFlow is not installed. This TPU VM trains with the jax engine"
+    )
+    assert 'pip install "jax[tpu]>=0.10,<0.13"' in finding.fix and PINNED not in finding.fix
+
+
+def test_a_cloud_tpu_vm_without_jax_or_tensorflow_gets_the_pinned_tensorflow_tpu():
+    installed = {**TPU_JAX, "jax": None, "jaxlib": None, "libtpu": None}
+    (finding,) = by_topic(
+        doctor.check_versions(detect(CLOUD_TPU_VM), installed, JAX_REQUIRES), "tensorflow"
     )
     assert finding.message == "TensorFlow is not installed." and PINNED in finding.fix
 
@@ -823,6 +854,8 @@ def test_tpu_compilation_needs_the_jax_engine_to_run():
     "platform, jax, libtpu, effect",
     [
         ("colab", "0.10.2", "0.0.42.1", "keeps this runtime's jax 0.10.2 and libtpu 0.0.42.1"),
+        # A JAX in range without the libtpu it pins does not find the TPU: jax[tpu] installs that libtpu.
+        ("colab", "0.10.2", None, "replaces this runtime's jax 0.10.2 and libtpu none"),
         # Kaggle's image: jax[tpu] unpinned at build time (0.7.2 then), libtpu forced to 0.0.17 (its tpu/Dockerfile).
         (
             "kaggle",
@@ -880,16 +913,17 @@ def test_on_python_3_13_a_tpu_vm_is_sent_to_the_jax_engine_not_to_tensorflow_tpu
     monkeypatch.setattr(doctor, "_python", lambda: (3, 13))
     runtime = detect(TPU_RUNTIMES["colab"])
     no_jax = {**TPU_JAX, "jax": None, "jaxlib": None, "libtpu": None}
-    (finding,) = by_topic(doctor.check_versions(runtime, no_jax, None), "tensorflow")
-    assert finding.message == "TensorFlow is not installed."
-    assert finding.fix.startswith("no TensorFlow TPU build installs on Python 3.13")
-    assert 'pip install "tpukit[jax-tpu]"' in finding.fix and PINNED not in finding.fix
+    for where in (runtime, detect(CLOUD_TPU_VM)):
+        (finding,) = by_topic(doctor.check_versions(where, no_jax, None), "tensorflow")
+        assert finding.message.startswith(
+            "TensorFlow is not installed. This TPU VM trains with the jax engine (no TensorFlow TPU build "
+            "installs on Python 3.13); JAX is not installed."
+        )
+        assert 'pip install "jax[tpu]>=0.10,<0.13"' in finding.fix and PINNED not in finding.fix
     cpu_wheel = {**no_jax, "tensorflow": "2.21.0"}
     (finding,) = by_topic(doctor.check_versions(runtime, cpu_wheel, None), "tensorflow")
-    assert (
-        finding.fix.startswith("no TensorFlow TPU build installs")
-        and "uninstall" not in finding.fix
-    )
+    assert "no TensorFlow TPU build installs on Python 3.13" in finding.message
+    assert "tensorflow-tpu" not in finding.fix
     problems = engines(runtime, {**TPU_JAX, "tensorflow-cpu": "2.21.0"})
     assert "no TensorFlow TPU build installs on Python 3.13" in problems["tensorflow"]
     assert problems["jax"] is None

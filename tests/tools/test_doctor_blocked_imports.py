@@ -122,20 +122,34 @@ def assert_fails_with(result, *expected):
     assert out.rstrip().endswith("NOT OK: fix the [FAIL] lines above."), out + err
 
 
+ABSENT_TF_AND_JAX = {
+    "modules": ["tensorflow", "jax"],
+    "distributions": [*ABSENT_TF["distributions"], "jax", "jaxlib", "libtpu"],
+}
+
+
 @pytest.mark.parametrize(
-    "env, command",
+    "env, hidden, command",
     [
-        ({}, versions.tensorflow_install_command()),
-        ({"ISTPUVM": "1"}, versions.pinned_tpu().install_command()),
+        ({}, ABSENT_TF, versions.tensorflow_install_command()),
+        # A TPU VM with no JAX either (a Python that has a tensorflow-tpu wheel): TensorFlow's TPU build.
+        *(
+            [({"ISTPUVM": "1"}, ABSENT_TF_AND_JAX, versions.pinned_tpu().install_command())]
+            if versions.tensorflow_tpu_installable(sys.version_info[:2])
+            else []
+        ),
+        # Beside the JAX this venv has, tensorflow-tpu would replace its libtpu: the jax engine's install.
+        ({"ISTPUVM": "1"}, ABSENT_TF, 'pip install "jax[tpu]>=0.10,<0.13"'),
     ],
-    ids=["cpu", "tpu_vm"],
+    ids=lambda value: None,
 )
-def test_tensorflow_missing(env, command):
-    result = doctor(**ABSENT_TF, env=env)
+def test_tensorflow_missing(env, hidden, command):
+    result = doctor(**hidden, env=env)
     assert_fails_with(
         result,
         "[FAIL] tensorflow: TensorFlow is not installed.",
-        f"fix: `{command}`, then restart the runtime",
+        f"fix: `{command}",
+        "restart the runtime",
         "[SKIP] accelerator: not checked",
     )
     assert "tensorflow 2." not in result[1]  # no version of the TensorFlow this machine really has

@@ -180,9 +180,9 @@ KNOWN_ERRORS: tuple[KnownError, ...] = (
             "and Kaggle's TPU runtimes ship JAX and that wheel, no TensorFlow TPU build."
         ),
         fix=(
-            'train with the jax engine, which uses the runtime\'s JAX: `pip install "tpukit[jax-tpu]"`, then '
-            f"`--set runtime.engine=jax` (the only way on Python 3.13). Or install the TPU build of TensorFlow "
-            f"(Python 3.10-3.12): {_tpu_install()}."
+            "train with the jax engine, which uses the runtime's JAX: "
+            f'`pip install "tpukit[jax-tpu] @ {versions.SOURCE}"`, then `--set runtime.engine=jax` (the only way '
+            f"on Python 3.13). Or install the TPU build of TensorFlow (Python 3.11-3.12): {_tpu_install()}."
         ),
         reports=(
             "github.com/tensorflow/tensorflow/issues/52149",

@@ -224,7 +224,7 @@ def no_tensorflow_tpu_wheel(python: tuple[int, int]) -> str:
         f"no TensorFlow TPU build installs on Python {python[0]}.{python[1]}: tensorflow-tpu {row.tensorflow} "
         f"has wheels for CPython {low[0]}.{low[1]}-{high[0]}.{high[1] - 1} only, "
         "and TensorFlow's TPU builds ended with 2.20.0. Fix: the jax engine, "
-        '`pip install "tpukit[jax-tpu]"` (it keeps a JAX in range and its libtpu), then train with '
+        f'`pip install "tpukit[jax-tpu] @ {SOURCE}"` (it keeps a JAX in range and its libtpu), then train with '
         "`--set runtime.engine=jax`."
     )
 

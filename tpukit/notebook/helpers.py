@@ -178,17 +178,15 @@ def first_available(
     for name, overrides in candidates.items():
         overrides = [*overrides, f"runtime.engine={engine}"] if engine else list(overrides)
         recipe = load_recipe(name, list(overrides))
-        offline = cannot_download(recipe)
-        if offline:
-            failures.append(f"{name}: {offline}")
-            print(f"{name} cannot read its data here ({offline}); trying the next recipe.")
-            continue
         try:
-            plan(recipe, strategy)
+            reason = cannot_download(recipe)
+            if reason is None:
+                plan(recipe, strategy)
         except RecipeError:
             raise
         except Exception as error:  # noqa: BLE001 - any data failure means "try the next recipe"
             reason = f"{type(error).__name__}: {str(error)[:300]}"
+        if reason is not None:
             failures.append(f"{name}: {reason}")
             print(f"{name} cannot read its data here ({reason}); trying the next recipe.")
             continue

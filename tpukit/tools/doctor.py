@@ -224,12 +224,12 @@ def jax_finds_the_tpu(runtime: Runtime, installed: dict[str, str | None], jax_re
     )
 
 
-def _jax_engine_fix(installed: dict[str, str | None]) -> str:
+def _jax_engine_fix(installed: dict[str, str | None], libtpu_ok: bool = True) -> str:
     """Trains with the runtime's JAX: installs only what the jax engine lacks (a JAX in range, with its libtpu;
     TensorFlow's CPU build for tf.data), then `--set runtime.engine=jax`. A restart only when something installed
-    is replaced."""
+    is replaced. `libtpu_ok`: false when the installed libtpu is not the one JAX's `tpu` extra pins."""
     packages, remove = [], ""
-    if not _in_range(installed.get("jax"), jax_compat.JAX_TESTED):
+    if not libtpu_ok or not _in_range(installed.get("jax"), jax_compat.JAX_TESTED):
         low, high = (versions.dotted(b) for b in jax_compat.JAX_TESTED)
         packages.append(f'"jax[tpu]>={low},<{high}"')
     cpu = installed.get("tensorflow") or installed.get("tensorflow-cpu")
@@ -249,6 +249,35 @@ def _jax_engine_fix(installed: dict[str, str | None]) -> str:
         else "JAX and its libtpu stay (restart only if pip upgraded a package this session had imported)"
     )
     return f"{remove}`pip install {' '.join(packages)}`, {after}; then {train}"
+
+
+def _jax_platform(runtime: Runtime, installed: dict[str, str | None]) -> bool:
+    """A TPU VM where the jax engine is the way, though its JAX does not find the TPU yet: a hosted runtime (Colab's
+    and Kaggle's ship JAX and no TensorFlow TPU build), a JAX already installed (tensorflow-tpu would replace its
+    libtpu: the two cannot share one TPU), or a Python with no tensorflow-tpu wheel."""
+    return (
+        runtime.platform in versions.HOSTED_RUNTIMES
+        or bool(installed.get("jax"))
+        or not versions.tensorflow_tpu_installable(_python())
+    )
+
+
+def _jax_platform_note(runtime: Runtime, installed: dict[str, str | None]) -> str:
+    """Why `_jax_platform` sends this TPU VM to the jax engine, and what its JAX lacks."""
+    python, hosted = _python(), versions.HOSTED_RUNTIMES.get(runtime.platform)
+    if not versions.tensorflow_tpu_installable(python):
+        why = f"no TensorFlow TPU build installs on Python {python[0]}.{python[1]}"
+    elif hosted:
+        why = f"{hosted.name} ships JAX and no TensorFlow TPU build"
+    else:
+        why = "TensorFlow's TPU build cannot share the TPU with the installed JAX: it brings its own libtpu"
+    jax = installed.get("jax")
+    here = (
+        f"jax {jax} with libtpu {installed.get('libtpu') or 'none'} would not find the TPU as it is"
+        if jax
+        else "JAX is not installed"
+    )
+    return f"This TPU VM trains with the jax engine ({why}); {here}."
 
 
 def _jax_engine_ready(installed: dict[str, str | None]) -> bool:
@@ -442,6 +471,15 @@ def _check_tensorflow(
                 _jax_engine_fix(installed),
             )
         )
+    elif not tf_cpu and not tf_tpu and wants_tpu_build and _jax_platform(runtime, installed):
+        findings.append(
+            Finding(
+                "fail",
+                "tensorflow",
+                f"TensorFlow is not installed. {_jax_platform_note(runtime, installed)}",
+                _jax_engine_fix(installed, libtpu_ok=False),
+            )
+        )
     elif not tf_cpu and not tf_tpu:
         findings.append(
             Finding(
@@ -477,6 +515,16 @@ def _check_tpu_build(
                 f"this TPU VM's TensorFlow is the CPU/GPU wheel (tensorflow {tf_cpu}), which has no TPU kernels: "
                 f"the tensorflow engine cannot use the TPU. {_jax_engine_note(installed)}",
                 _jax_engine_fix(installed),
+            )
+        )
+    elif not tf_tpu and _jax_platform(runtime, installed):
+        findings.append(
+            Finding(
+                "fail",
+                "tensorflow",
+                f"this TPU VM's TensorFlow is the CPU/GPU wheel (tensorflow {tf_cpu}), which has no TPU kernels. "
+                + _jax_platform_note(runtime, installed),
+                _jax_engine_fix(installed, libtpu_ok=False),
             )
         )
     elif not tf_tpu:
@@ -929,7 +977,9 @@ def _python() -> tuple[int, int]:
     return sys.version_info[:2]
 
 
-def hosted_runtime(runtime: Runtime, installed: dict[str, str | None]) -> dict | None:
+def hosted_runtime(
+    runtime: Runtime, installed: dict[str, str | None], jax_requires: list[str] | None = None
+) -> dict | None:
     """On Colab's or Kaggle's TPU runtime: its name, what it ships (`versions.HOSTED_RUNTIMES`), the engine tpukit
     trains with there (jax: neither has a TensorFlow TPU build) and the install command, saying whether that keeps
     the runtime's JAX and libtpu (a JAX in the jax engine's tested range) or replaces them (then a restart). None
@@ -939,12 +989,15 @@ def hosted_runtime(runtime: Runtime, installed: dict[str, str | None]) -> dict |
         return None
     jax, libtpu = installed.get("jax"), installed.get("libtpu")
     low, high = (versions.dotted(b) for b in jax_compat.JAX_TESTED)
-    if _in_range(jax, jax_compat.JAX_TESTED):
-        effect = f"keeps this runtime's jax {jax} and libtpu {libtpu or 'none'}"
+    if _in_range(jax, jax_compat.JAX_TESTED) and jax_finds_the_tpu(
+        runtime, installed, jax_requires
+    ):
+        effect = f"keeps this runtime's jax {jax} and libtpu {libtpu}"
     else:
         effect = (
             f"replaces this runtime's jax {jax or 'none'} and libtpu {libtpu or 'none'} with jax[tpu] >={low},<{high} "
-            "and the libtpu it pins (the jax engine was tested there, not on this JAX); restart the runtime after it"
+            "and the libtpu it pins (the jax engine was tested in that range, and JAX finds the TPU only with the "
+            "libtpu it pins); restart the runtime after it"
         )
     return {
         "name": known.name,
@@ -1022,7 +1075,7 @@ def diagnose_environment(
     return {
         "ok": not any(f.level == "fail" for f in findings),
         "runtime": dataclasses.asdict(runtime),
-        "hosted": hosted_runtime(runtime, installed),
+        "hosted": hosted_runtime(runtime, installed, jax_requires),
         "python": sys.version.split()[0],
         "versions": installed,
         "accelerator": accelerator,
