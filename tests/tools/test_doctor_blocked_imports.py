@@ -276,7 +276,9 @@ def test_without_tensorflow_import_tpukit_works_and_connect_says_what_to_install
     assert (
         out.startswith("refused: tpukit needs TensorFlow") and "No module named 'tensorflow'" in out
     )
-    assert 'pip install "tpukit[tensorflow]"' in out and 'pip install "tpukit[tpu]"' in out
+    assert (
+        'pip install "tpukit[tensorflow] @ git+' in out and 'pip install "tpukit[tpu] @ git+' in out
+    )
     assert "python -m tpukit.doctor" in out
 
 
@@ -302,7 +304,7 @@ def test_every_tool_without_tensorflow_says_what_to_install_and_writes_nothing(t
     assert code == 1, stdout + err
     assert (
         "tpukit: error: tpukit needs TensorFlow" in err
-        and 'pip install "tpukit[tensorflow]"' in err
+        and 'pip install "tpukit[tensorflow] @ git+' in err
     ), err
     assert "Traceback" not in stdout + err
     assert not out.exists()

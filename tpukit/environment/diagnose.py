@@ -52,7 +52,7 @@ def _tpu_install() -> str:
     combination = versions.pinned_tpu()
     return (
         f"`pip uninstall -y tensorflow` then `{combination.install_command()}` (or "
-        '`pip install "tpukit[tpu] @ git+<tpukit repository URL>"`), then restart the runtime'
+        f'`pip install "{versions.tpukit_requirement("tpu")}"`), then restart the runtime'
     )
 
 
@@ -181,7 +181,7 @@ KNOWN_ERRORS: tuple[KnownError, ...] = (
         ),
         fix=(
             "train with the jax engine, which uses the runtime's JAX: "
-            f'`pip install "tpukit[jax-tpu] @ {versions.SOURCE}"`, then `--set runtime.engine=jax` (the only way '
+            f'`pip install "{versions.tpukit_requirement("jax-tpu")}"`, then `--set runtime.engine=jax` (the only way '
             f"on Python 3.13). Or install the TPU build of TensorFlow (Python 3.11-3.12): {_tpu_install()}."
         ),
         reports=(
@@ -203,7 +203,7 @@ KNOWN_ERRORS: tuple[KnownError, ...] = (
         fix=(
             "connect to the local TPU: `tpukit.connect(tpu='local')`, CLI `--tpu=local`, or plain TensorFlow "
             "`TPUClusterResolver(tpu='local')`; unset $TPU_NAME if it is set to something else. A multi-host pod "
-            "slice needs its TPU name instead (and `pip install 'tpukit[tpu-name]'`)."
+            f"slice needs its TPU name instead (and `pip install '{versions.tpukit_requirement('tpu-name')}'`)."
         ),
         reports=(
             "github.com/googlecolab/colabtools/issues/4637",
@@ -344,7 +344,8 @@ KNOWN_ERRORS: tuple[KnownError, ...] = (
             "google-api-python-client and oauth2client, which are not installed."
         ),
         fix=(
-            "`pip install google-api-python-client oauth2client` (or `pip install 'tpukit[tpu,tpu-name]'`), or, "
+            "`pip install google-api-python-client oauth2client` (or "
+            f"`pip install '{versions.tpukit_requirement('tpu,tpu-name')}'`), or, "
             "when the TPU is attached to this machine, connect with tpu='local'."
         ),
         reports=(

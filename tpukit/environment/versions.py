@@ -182,8 +182,14 @@ TESTED_STACKS = (
     ),
 )
 
-# Where tpukit comes from on a hosted runtime (no package named tpukit is on PyPI): the notebooks' TPUKIT_SOURCE.
+# Where tpukit comes from (no package named tpukit is on PyPI): the notebooks' TPUKIT_SOURCE.
 SOURCE = "git+https://github.com/tpukit/tpukit.git"
+
+
+def tpukit_requirement(extras: str) -> str:
+    """The requirement every printed fix installs tpukit with, e.g. `tpukit[jax-tpu] @ git+https://...` (a bare
+    `tpukit[jax-tpu]` fails: no package of that name is on PyPI)."""
+    return f"tpukit[{extras}] @ {SOURCE}"
 
 
 def pinned_tpu() -> Combination:
@@ -224,7 +230,8 @@ def no_tensorflow_tpu_wheel(python: tuple[int, int]) -> str:
         f"no TensorFlow TPU build installs on Python {python[0]}.{python[1]}: tensorflow-tpu {row.tensorflow} "
         f"has wheels for CPython {low[0]}.{low[1]}-{high[0]}.{high[1] - 1} only, "
         "and TensorFlow's TPU builds ended with 2.20.0. Fix: the jax engine, "
-        f'`pip install "tpukit[jax-tpu] @ {SOURCE}"` (it keeps a JAX in range and its libtpu), then train with '
+        f'`pip install "{tpukit_requirement("jax-tpu")}"` (it keeps a JAX already in range with the libtpu it pins), '
+        "then train with "
         "`--set runtime.engine=jax`."
     )
 

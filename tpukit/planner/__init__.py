@@ -16,6 +16,7 @@ import math
 import os
 from typing import Any
 
+from tpukit.environment import versions
 from tpukit.planner import hardware as hardware_choices
 from tpukit.planner import steps as steps_lib
 from tpukit.planner.output_dir import check_output_dir as check_output_dir
@@ -364,7 +365,8 @@ def check_model_axis(recipe: Recipe) -> None:
         raise RecipeError(
             f"{recipe.path}: runtime.mesh.model={mesh['model']} splits weights over {mesh['model']} devices, which "
             "only the jax engine can do (on the tensorflow engine Keras ignores model parallelism: the weights "
-            'would stay whole on every device). Fix: --set runtime.engine=jax (pip install "tpukit[jax]"), or '
+            "would stay whole on every device). Fix: --set runtime.engine=jax (`pip install "
+            f'"{versions.tpukit_requirement("jax")}"`), or '
             "--set runtime.mesh.model=1."
         )
 

@@ -242,7 +242,7 @@ def _jax_engine_fix(installed: dict[str, str | None], libtpu_ok: bool = True) ->
     if not packages:
         return train
     # Only replacing what is installed (the runtime's JAX, a TensorFlow) needs a restart, not adding a package.
-    replaces = remove or packages[0].startswith('"jax')
+    replaces = remove or (packages[0].startswith('"jax') and bool(installed.get("jax")))
     after = (
         RESTART
         if replaces
@@ -272,11 +272,13 @@ def _jax_platform_note(runtime: Runtime, installed: dict[str, str | None]) -> st
     else:
         why = "TensorFlow's TPU build cannot share the TPU with the installed JAX: it brings its own libtpu"
     jax = installed.get("jax")
-    here = (
-        f"jax {jax} with libtpu {installed.get('libtpu') or 'none'} would not find the TPU as it is"
-        if jax
-        else "JAX is not installed"
-    )
+    if not jax:
+        here = "JAX is not installed"
+    elif not _in_range(jax, jax_compat.JAX_TESTED):
+        low, high = (versions.dotted(b) for b in jax_compat.JAX_TESTED)
+        here = f"jax {jax} is outside the range the jax engine was tested in (>={low},<{high})"
+    else:
+        here = f"jax {jax} has libtpu {installed.get('libtpu') or 'none'}, not the one its `tpu` extra pins"
     return f"This TPU VM trains with the jax engine ({why}); {here}."
 
 
@@ -287,10 +289,16 @@ def _jax_engine_ready(installed: dict[str, str | None]) -> bool:
 
 
 def _jax_engine_note(installed: dict[str, str | None]) -> str:
+    python = _python()
+    tensorflow = (
+        f"The tensorflow engine would need tensorflow-tpu, whose libtpu {versions.pinned_tpu().libtpu} replaces "
+        "JAX's."
+        if versions.tensorflow_tpu_installable(python)
+        else f"The tensorflow engine cannot run here: no TensorFlow TPU build installs on Python {python[0]}.{python[1]}."
+    )
     return (
         f"This TPU runtime's JAX finds the TPU (jax {installed.get('jax')}, libtpu {installed.get('libtpu')}): the "
-        "jax engine trains on it with TensorFlow's CPU build for tf.data, keeping that libtpu. The tensorflow "
-        f"engine would need tensorflow-tpu, whose libtpu {versions.pinned_tpu().libtpu} replaces JAX's."
+        f"jax engine trains on it with TensorFlow's CPU build for tf.data, keeping that libtpu. {tensorflow}"
     )
 
 
@@ -396,7 +404,7 @@ def check_tpu_compiler(
     the libtpu its `tpu` extra pins (the TPU compiler; no TPU needed), and the jax engine able to run (it builds the
     step; `jax_engine_problem` says why not). Read from package metadata only."""
     jax_version, libtpu = installed.get("jax"), installed.get("libtpu")
-    install = 'pip install "tpukit[tpu-check]"'
+    install = f'pip install "{versions.tpukit_requirement("tpu-check")}"'
     if jax_engine_problem and libtpu and jax_version:
         return [
             Finding(
@@ -798,7 +806,7 @@ def check_accelerator(
                 "the slice's TPU name (TPUClusterResolver), which is not set. (Where to start the program on a "
                 "slice, one host or all, is Google's Cloud TPU pod-slice guide's call; tpukit has not run on one.)",
                 "set $TPU_NAME to the slice's name on every host (or pass --tpu=NAME), and "
-                '`pip install "tpukit[tpu,tpu-name]"` (the Cloud TPU API client)',
+                f'`pip install "{versions.tpukit_requirement("tpu,tpu-name")}"` (the Cloud TPU API client)',
             )
         ]
     # The ways that work in practice: the TPU asked for or detected, then, for a TPU by name, the attached TPU ("local":
@@ -898,7 +906,7 @@ def _jax_tpu_problem(
         return (
             f"tensorflow-tpu {installed['tensorflow-tpu']} is installed: TensorFlow's TPU build and JAX cannot "
             f"share one TPU, and it brought the libtpu TensorFlow needs ({libtpu}). Fix: a fresh runtime without "
-            'tensorflow-tpu, then `pip install "tpukit[jax-tpu]"`.'
+            f'tensorflow-tpu, then `pip install "{versions.tpukit_requirement("jax-tpu")}"`.'
         )
     if not jax_finds_the_tpu(runtime, installed, jax_requires):
         low, high = (versions.dotted(b) for b in jax_compat.JAX_TESTED)
@@ -917,7 +925,16 @@ def _jax_engine_problem(
     try:
         jax_compat.installed_jax()
     except ImportError as error:
-        return str(error)
+        if runtime.accelerator != "tpu_vm":
+            return str(error)
+        # On a TPU the fix is JAX's TPU build, with the libtpu it pins, never a CPU JAX.
+        jax, (low, high) = installed.get("jax"), (versions.dotted(b) for b in jax_compat.JAX_TESTED)
+        if not jax:
+            return f'JAX is not installed. Fix: `pip install "{versions.tpukit_requirement("jax-tpu")}"`.'
+        return (
+            f"jax {jax} is outside the range the jax engine was tested in (>={low},<{high}). Fix: "
+            f'`pip install "jax[tpu]>={low},<{high}"` (JAX\'s TPU build with the libtpu it pins), {RESTART}.'
+        )
     problem = _failed(findings, "keras", "tensorflow-datasets")
     if problem is None and runtime.accelerator == "tpu_vm":
         problem = _jax_tpu_problem(runtime, installed, jax_requires)
@@ -1004,7 +1021,7 @@ def hosted_runtime(
         "chips": known.chips,
         "ships": known.ships,
         "engine": "jax",
-        "install": f'pip install "tpukit[jax-tpu] @ {versions.SOURCE}"',
+        "install": f'pip install "{versions.tpukit_requirement("jax-tpu")}"',
         "install_effect": effect,
         "train": f"python -m tpukit.train RECIPE {JAX_ENGINE}",
         "sources": known.evidence,

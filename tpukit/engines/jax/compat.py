@@ -32,8 +32,10 @@ def installed_jax() -> str:
         version = metadata.version("jax")
     except metadata.PackageNotFoundError:
         raise ImportError(
-            'tpukit\'s jax engine needs JAX. Fix: `pip install "tpukit[jax]"` on CPU/GPU, or '
-            '`pip install "tpukit[jax-tpu]"` on a TPU VM (a Colab or Kaggle TPU runtime has JAX already).'
+            "tpukit's jax engine needs JAX. Fix: "
+            f'`pip install "{versions.tpukit_requirement("jax")}"` on CPU/GPU, or '
+            f'`pip install "{versions.tpukit_requirement("jax-tpu")}"` on a TPU VM (a Colab or Kaggle TPU runtime '
+            "has JAX already)."
         ) from None
     low, high = (versions.dotted(v) for v in JAX_TESTED)
     if not JAX_TESTED[0] <= versions.minor(version) < JAX_TESTED[1]:
@@ -310,7 +312,7 @@ def check_jax() -> str:
     except ImportError as error:  # pragma: no cover - exercised only without TensorFlow installed
         raise ImportError(
             "tpukit's jax engine reads its input with tf.data, which needs TensorFlow's CPU build. Fix: "
-            f'`pip install "tpukit[jax]"` (received: {error}).'
+            f'`pip install "{versions.tpukit_requirement("jax")}"` (received: {error}).'
         ) from error
     use_cpu_xla_flags()
     use_unrolled_threefry_on_cpu()

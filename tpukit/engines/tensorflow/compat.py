@@ -23,7 +23,8 @@ def check_tensorflow() -> str:
     except ImportError as error:  # pragma: no cover - exercised only without TensorFlow installed
         raise ImportError(
             "tpukit needs TensorFlow, which is an extra so that TPU hosts keep their own build. Fix: "
-            '`pip install "tpukit[tensorflow]"` on CPU/GPU, or `pip install "tpukit[tpu]"` on a TPU VM '
+            f'`pip install "{versions.tpukit_requirement("tensorflow")}"` on CPU/GPU, or '
+            f'`pip install "{versions.tpukit_requirement("tpu")}"` on a TPU VM '
             f"(received: {error}); `python -m tpukit.doctor` says which this machine needs."
         ) from error
     version = tf.__version__

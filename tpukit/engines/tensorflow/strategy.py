@@ -444,7 +444,8 @@ def _connect_tpu(choice: Choice, timeout: float = 600.0):
         raise TPUConnectionError(
             f"could not connect to the TPU named {choice.tpu!r} ({choice.reason}): a named TPU is looked up "
             f"through the Cloud TPU API, whose client needs {' and '.join(missing)}, not installed. Fix: "
-            f"`pip install {' '.join(missing)}` (or `pip install 'tpukit[tpu,tpu-name]'`), then restart the "
+            f"`pip install {' '.join(missing)}` (or `pip install '{versions.tpukit_requirement('tpu,tpu-name')}'`), "
+            "then restart the "
             "runtime; or, when the TPU is attached to this machine (Colab, Kaggle, single-host TPU VM), use "
             "tpu='local' (CLI: --tpu=local)."
         )
