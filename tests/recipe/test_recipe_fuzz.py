@@ -395,6 +395,16 @@ def bad_path(draw, path):
     return Case(f"path: {kind}", path, path=where, must_fail=True, names=("not found",))
 
 
+# Keys whose value may be a mapping with any key names: `--set section.key.x=...` may be valid.
+MAPPING_KEYS = {
+    ("runtime", "layout"),
+    ("runtime", "mesh"),
+    ("train", "loss"),
+    ("train", "metrics"),
+    ("train", "loss_weights"),
+}
+
+
 @st.composite
 def overrides(draw, path):
     """1-3 --set flags. The last value of a key wins; a malformed flag or a value that is not YAML fails at once."""
@@ -421,9 +431,10 @@ def overrides(draw, path):
             result.append(f"{dotted}={draw(st.text(max_size=8))}")
             if dotted == f"{section}.{key}.x":
                 # A key of a mapping (`--set runtime.mesh.model=4`): refused, naming the key, unless the key is a
-                # mapping that may take it (runtime.layout's keys are regular expressions).
+                # mapping that may take it (runtime.layout's keys are regular expressions; train.loss, metrics and
+                # loss_weights take one entry per output name).
                 names.append(f"{section}.{key}")
-                if (section, key) in (("runtime", "layout"), ("runtime", "mesh")):
+                if (section, key) in MAPPING_KEYS:
                     continue
                 section_raw = raw.get(section) if isinstance(raw.get(section), dict) else {}
                 current = final.get((section, key), section_raw.get(key))
