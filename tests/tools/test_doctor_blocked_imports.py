@@ -138,8 +138,13 @@ ABSENT_TF_AND_JAX = {
             if versions.tensorflow_tpu_installable(sys.version_info[:2])
             else []
         ),
-        # Beside the JAX this venv has, tensorflow-tpu would replace its libtpu: the jax engine's install.
-        ({"ISTPUVM": "1"}, ABSENT_TF, 'pip install "jax[tpu]>=0.10,<0.13"'),
+        # Beside the JAX this venv has (without its libtpu, even where `[tpu-check]` installed it), tensorflow-tpu
+        # would replace that libtpu: the jax engine's install.
+        (
+            {"ISTPUVM": "1"},
+            {**ABSENT_TF, "distributions": [*ABSENT_TF["distributions"], "libtpu"]},
+            'pip install "jax[tpu]>=0.10,<0.13"',
+        ),
     ],
     ids=lambda value: None,
 )

@@ -251,6 +251,11 @@ def _jax_engine_fix(installed: dict[str, str | None], libtpu_ok: bool = True) ->
     return f"{remove}`pip install {' '.join(packages)}`, {after}; then {train}"
 
 
+def _jax_out_of_range(jax: str) -> str:
+    low, high = (versions.dotted(b) for b in jax_compat.JAX_TESTED)
+    return f"jax {jax} is outside the range the jax engine was tested in (>={low},<{high})"
+
+
 def _jax_platform(runtime: Runtime, installed: dict[str, str | None]) -> bool:
     """A TPU VM where the jax engine is the way, though its JAX does not find the TPU yet: a hosted runtime (Colab's
     and Kaggle's ship JAX and no TensorFlow TPU build), a JAX already installed (tensorflow-tpu would replace its
@@ -275,8 +280,7 @@ def _jax_platform_note(runtime: Runtime, installed: dict[str, str | None]) -> st
     if not jax:
         here = "JAX is not installed"
     elif not _in_range(jax, jax_compat.JAX_TESTED):
-        low, high = (versions.dotted(b) for b in jax_compat.JAX_TESTED)
-        here = f"jax {jax} is outside the range the jax engine was tested in (>={low},<{high})"
+        here = _jax_out_of_range(jax)
     else:
         here = f"jax {jax} has libtpu {installed.get('libtpu') or 'none'}, not the one its `tpu` extra pins"
     return f"This TPU VM trains with the jax engine ({why}); {here}."
@@ -543,9 +547,7 @@ def _check_tpu_build(
                 f"this is a TPU VM but the installed TensorFlow is the CPU/GPU wheel (tensorflow {tf_cpu}), "
                 "which has no TPU kernels ('No OpKernel was registered to support Op "
                 "ConfigureDistributedTPU').",
-                f"`pip uninstall -y tensorflow tensorflow-cpu` then {tpu_fix}"
-                if versions.tensorflow_tpu_installable(_python())
-                else tpu_fix,
+                f"`pip uninstall -y tensorflow tensorflow-cpu` then {tpu_fix}",
             )
         )
     elif tf_cpu:
@@ -932,7 +934,7 @@ def _jax_engine_problem(
         if not jax:
             return f'JAX is not installed. Fix: `pip install "{versions.tpukit_requirement("jax-tpu")}"`.'
         return (
-            f"jax {jax} is outside the range the jax engine was tested in (>={low},<{high}). Fix: "
+            f"{_jax_out_of_range(jax)}. Fix: "
             f'`pip install "jax[tpu]>={low},<{high}"` (JAX\'s TPU build with the libtpu it pins), {RESTART}.'
         )
     problem = _failed(findings, "keras", "tensorflow-datasets")
@@ -1049,11 +1051,10 @@ def diagnose_environment(
     except importlib.metadata.PackageNotFoundError:
         jax_requires = None
     tf_dist = _tensorflow_dist(installed)
+    # A distribution listed but gone (removed since, or the tests' faked versions) has no requirements to read.
     try:
         tf_requires = importlib.metadata.requires(tf_dist) if tf_dist else None
-    except (
-        importlib.metadata.PackageNotFoundError
-    ):  # listed, then removed; or the tests' faked versions
+    except importlib.metadata.PackageNotFoundError:
         tf_requires = None
     findings = check_versions(runtime, installed, jax_requires, tf_requires)
     accelerator: dict = {}
