@@ -7,7 +7,7 @@
 For each row: `tpukit.run(recipe, mode="train", callbacks=[SteadyRate])` (plan, build, train through tpukit's own
 trainer and pipeline, at the precision, XLA and steps_per_execution tpukit chooses), training FLOPs per example from
 `tpukit.engines.tensorflow.flops.model_flops_per_example` (matmuls and convolutions only, x3 for the backward pass), and the peak from
-`tpukit.engines.tensorflow.flops.measure_matmul_flops` (a 2048x2048 matmul in the training dtype, best of 5) measured right before and
+`tpukit.engines.keras.flops.measure_matmul_flops` (a 2048x2048 matmul in the training dtype, best of 5) measured right before and
 right after the row in this process (the larger one counts). MFU = FLOPs/example x examples/s / peak.
 
 Rows: `workloads.ROWS`, plus `transformer_recipe`: recipes/synthetic_transformer.yaml (GPT-2 small's width: 768,
@@ -36,7 +36,7 @@ import tensorflow as tf  # noqa: E402
 from workloads import ROWS, SteadyRate, workload  # noqa: E402
 
 import tpukit  # noqa: E402
-from tpukit.engines.tensorflow import flops  # noqa: E402
+from tpukit.engines.keras import flops  # noqa: E402
 from tpukit.recipe import load_recipe  # noqa: E402
 
 DEFAULT_OUT = os.path.join(HERE, "results", "mfu.json")

@@ -114,7 +114,7 @@ def test_tpukit_log_lines_follow_the_current_stderr(capsys):
             )  # ~5 s each (a TensorFlow import): the slow tier
             for m in (
                 "tpukit.runner",
-                "tpukit.engines.tensorflow.trainer",
+                "tpukit.engines.keras.trainer",
                 "tpukit.notebook.helpers",
                 "tpukit.tools.doctor",
             )

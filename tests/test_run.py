@@ -205,7 +205,7 @@ def test_a_peak_cached_under_load_is_timed_again_and_mfu_stays_at_most_one(tmp_p
     run reports, the cache rises to the new timing, and the reported MFU is against it (never above 1)."""
     import json
 
-    from tpukit.engines.tensorflow import flops
+    from tpukit.engines.keras import flops
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     key = f"{flops.detect_device_kind('default')} | float32 matmul 2048x2048"

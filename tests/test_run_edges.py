@@ -239,7 +239,7 @@ def test_an_unfinished_checkpoint_save_is_cleared_by_the_next_run(tmp_path, monk
 def test_exports_are_written_whole_and_a_failed_export_keeps_the_previous_one(
     tmp_path, monkeypatch
 ):
-    from tpukit.engines.tensorflow import export
+    from tpukit.engines.keras import export
 
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     export.export_model(model, str(tmp_path))

@@ -109,3 +109,13 @@ class Phases:
         since = time.perf_counter() - self._started
         out["total"] = round((self.seconds.get("before_run") or 0.0) + since, 3)
         return out
+
+
+def plural(count: int, word: str) -> str:
+    """`1 replica`, `2 replicas`: the start line is read by people new to distributed training."""
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+def first_four(names: list[str]) -> str:
+    """`a, b, c, d, ... (8 in all)`: the names a start line shows."""
+    return ", ".join(names[:4]) + (f", ... ({len(names)} in all)" if len(names) > 4 else "")

@@ -209,7 +209,7 @@ def run(
         OutputDirError: the output directory stopped taking writes; earlier checkpoints are kept.
         TrainingInterrupted: Ctrl-C stopped training after saving a checkpoint (a KeyboardInterrupt; its
             `metrics` were written). SIGTERM instead returns, with status "preempted".
-        tpukit.engines.tensorflow.trainer.TrainingDivergedError: the loss stayed non-finite after
+        tpukit.engines.keras.trainer.TrainingDivergedError: the loss stayed non-finite after
             `train.max_nan_retries` rollbacks.
     """
     phases = logs.Phases()

@@ -109,12 +109,12 @@ def main(argv: list[str]) -> int:
         name = os.path.splitext(os.path.basename(recipe.path))[0]
         output_dir = FLAGS.output_dir or os.path.join("runs", name)
         from tpukit.data import DataUnavailableError
+        from tpukit.engines.keras.trainer import TrainingDivergedError
         from tpukit.engines.tensorflow.strategy import (
             ClusterUnreachableError,
             TPUConnectionError,
             WaitInterrupted,
         )
-        from tpukit.engines.tensorflow.trainer import TrainingDivergedError
         from tpukit.rundir import RunLockedError
         from tpukit.runner import TrainingInterrupted, run
 

@@ -268,7 +268,7 @@ def test_lora_trains_the_adapters_not_the_base_kernels_and_the_export_loads(
     for layer in (hidden, head):
         assert not np.allclose(layer.lora_kernel_a.numpy(), start[f"{layer.name}/lora_kernel_a"])
         assert not np.allclose(layer.lora_kernel_b.numpy(), start[f"{layer.name}/lora_kernel_b"])
-    from tpukit.engines.tensorflow.export import export_model
+    from tpukit.engines.keras.export import export_model
 
     exported = export_model(model, str(tmp_path))
     restored = tpukit.load_model(exported["keras"])

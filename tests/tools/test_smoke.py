@@ -20,7 +20,7 @@ from helpers import REPO
 
 import tpukit
 from tpukit import data
-from tpukit.engines.tensorflow import export as export_lib
+from tpukit.engines.keras import export as export_lib
 from tpukit.tools import smoke
 
 

@@ -12,7 +12,7 @@ import pytest
 from helpers import REPO
 
 from tpukit.engines.jax import hlo_text
-from tpukit.engines.tensorflow import flops
+from tpukit.engines.keras import flops
 from tpukit.environment import quiet
 from tpukit.planner import topologies
 from tpukit.recipe import RecipeError, load_recipe

@@ -18,7 +18,7 @@ import os
 import numpy as np
 
 # Keras' TensorBoard callback writes epoch metrics as `epoch_<name>` under logs/train and logs/validation;
-# tpukit's TensorBoardScalars writes them at the optimizer step (tpukit/engines/tensorflow/callbacks.py).
+# tpukit's TensorBoardScalars writes them at the optimizer step (tpukit/engines/keras/callbacks.py).
 SPLITS = ("train", "validation")
 
 

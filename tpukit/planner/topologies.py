@@ -28,7 +28,7 @@ class _Chip:
 # From each generation's Cloud TPU page (its specification table). HBM is kept in the unit the
 # page prints (GB = 1e9 bytes, GiB = 2**30 bytes). HBM and bf16 peak are the values of
 # `HBM_BYTES_PER_CHIP` (tpukit/tools/check.py) and `PEAK_BF16_FLOPS_PER_CHIP`
-# (tpukit/engines/tensorflow/flops.py).
+# (tpukit/engines/keras/flops.py).
 #   v4:  "275 teraflops (bf16 or int8)"; "HBM2 capacity and bandwidth: 32 GiB, 1200 GBps"
 #   v5e: "197 TFLOPs"; "HBM2 capacity and bandwidth: 16 GB, 819 GBps". Another version of the page
 #        prints "HBM bandwidth per chip: 800 GiBps" (859e9 B/s); the lower 819 GBps is kept.

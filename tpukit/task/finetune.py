@@ -39,7 +39,7 @@ from tpukit.recipe import RecipeError
 
 logger = logging.getLogger("tpukit")
 
-# What a tpukit output directory holds (tpukit.engines.tensorflow.export.KERAS_FILENAME and the plan's checkpoint
+# What a tpukit output directory holds (tpukit.engines.keras.export.KERAS_FILENAME and the plan's checkpoint
 # directory; repeated here because the task layer sits below the engines).
 KERAS_FILENAME = "model.keras"
 CHECKPOINT_DIRNAME = "checkpoints"

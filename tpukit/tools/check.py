@@ -58,7 +58,9 @@ import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from tpukit.engines.tensorflow import compat, flops, keras_private
+from tpukit.engines.keras import flops
+from tpukit.engines.tensorflow import compat, keras_private
+from tpukit.engines.tensorflow import flops as tf_flops
 from tpukit.planner import check_batch_sizes, eval_batch_size
 from tpukit.planner import hardware as performance
 from tpukit.planner.rules import PATH_SUFFIXES, Rule, Target, input_paths_rule  # noqa: F401
@@ -102,7 +104,7 @@ HBM_BYTES_PER_CHIP: dict[str, float] = {
 #   v2-8 / v3-8: 4 chips on one host (8 cores); v4-8: 4 chips, 1 host (cloud.google.com/tpu/docs/v4);
 #   v5e and v6e: "Chips per host: 8" (the v5e and v6e pages); v5p: topology 2x2x1 = 4 chips, 1 host
 #   (cloud.google.com/tpu/docs/v5p); tpu7x: 4 chips per VM (docs.cloud.google.com/kubernetes-engine/docs/
-#   concepts/tpu-ironwood). Cores per host = chips x `tpukit.engines.tensorflow.flops.TF_DEVICES_PER_CHIP`.
+#   concepts/tpu-ironwood). Cores per host = chips x `tpukit.engines.keras.flops.TF_DEVICES_PER_CHIP`.
 CHIPS_PER_HOST: dict[str, int] = {
     "v2": 4,
     "v3": 4,
@@ -620,7 +622,7 @@ class _Context:
     def datasets(self, policy: str) -> dict[str, Any]:
         """{"train": ..., "eval": ...} as one core's pipeline gives them under dtype policy `policy`."""
         from tpukit import task
-        from tpukit.engines.tensorflow import engine
+        from tpukit.engines.keras.session import dtype_policy
 
         found = {}
         for split in ("train", "eval"):
@@ -628,7 +630,7 @@ class _Context:
             if key not in self._datasets:
                 if split == "eval" and not self.recipe.data.eval_split:
                     continue
-                with engine.dtype_policy(policy):
+                with dtype_policy(policy):
                     # The pipelines read the global policy for the feature dtype (bfloat16 infeed).
                     train_fn, eval_fn = task.input_fns(
                         self.recipe, self.counts.get("eval", 0), self.recipe.train.steps_per_epoch
@@ -710,7 +712,7 @@ def xla_step_rule(context: _Context) -> tuple[Rule, Any]:
     import numpy as np
 
     from tpukit import task
-    from tpukit.engines.tensorflow import engine
+    from tpukit.engines.keras.session import dtype_policy
 
     recipe = context.recipe
     try:
@@ -720,7 +722,7 @@ def xla_step_rule(context: _Context) -> tuple[Rule, Any]:
             "xla_step", "skip", f"no training batch to compile for: {_first_line(error)}"
         ), None
     try:
-        with engine.dtype_policy("float32"):
+        with dtype_policy("float32"):
             model = task.build_model(recipe, 10, True, 1)
             logs = model.train_on_batch(x, y, return_dict=True)
     except Exception as error:  # noqa: BLE001 - the failure is the finding
@@ -748,7 +750,7 @@ def precision_step_rule(context: _Context) -> tuple[Rule, Any, str]:
     import tensorflow as tf
 
     from tpukit import task
-    from tpukit.engines.tensorflow import engine
+    from tpukit.engines.keras.session import dtype_policy
 
     recipe = context.recipe
     policy = performance.choose_precision(recipe.runtime.precision, "tpu").value
@@ -761,7 +763,7 @@ def precision_step_rule(context: _Context) -> tuple[Rule, Any, str]:
             policy,
         )
     try:
-        with engine.dtype_policy(policy):
+        with dtype_policy(policy):
             model = task.build_model(recipe, 10, False, 1)
             logs = model.train_on_batch(x, y, return_dict=True)
             logits = tf.nest.flatten(model(x, training=False))
@@ -831,9 +833,9 @@ def _activation_bytes(model, per_core_batch: int) -> float:
 
     specs = [
         tf.TensorSpec((per_core_batch, *s.shape[1:]), s.dtype)
-        for s in flops._input_signature(model)
+        for s in tf_flops._input_signature(model)
     ]
-    from tpukit.engines.tensorflow.export import keyed_inputs
+    from tpukit.engines.keras.export import keyed_inputs
 
     if keyed_inputs(
         model
@@ -854,7 +856,7 @@ def _activation_bytes(model, per_core_batch: int) -> float:
 
     sizes = {}
     for op in graph.get_operations():
-        if op.type not in (*flops._MATRIX_OP_TYPES, "Einsum"):
+        if op.type not in (*tf_flops._MATRIX_OP_TYPES, "Einsum"):
             continue
         for tensor in (*op.inputs, *op.outputs):
             if tensor.dtype.is_floating and tensor.shape.is_fully_defined() and not weight(tensor):
@@ -865,11 +867,11 @@ def _activation_bytes(model, per_core_batch: int) -> float:
 def memory_check(context: _Context, model, policy: str) -> Rule:
 
     from tpukit import task
-    from tpukit.engines.tensorflow import engine
+    from tpukit.engines.keras.session import dtype_policy
 
     recipe = context.recipe
     try:
-        with engine.dtype_policy(policy):
+        with dtype_policy(policy):
             if model is None:
                 model = task.build_model(recipe, 10, False, 1)
             model.optimizer.build(model.trainable_variables)

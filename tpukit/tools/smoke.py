@@ -146,7 +146,7 @@ def _versions() -> dict[str, str | None]:
 
 
 def _tensorflow_device(strategy, tpu: str | None) -> dict[str, Any]:
-    from tpukit.engines.tensorflow import flops
+    from tpukit.engines.keras import flops
     from tpukit.engines.tensorflow import strategy as strategy_lib
 
     kind = strategy_lib.kind_of(strategy)
@@ -493,7 +493,7 @@ def _check_export(smoke: _Smoke, session, exported: dict) -> None:
     import tensorflow as tf
 
     from tpukit import data
-    from tpukit.engines.tensorflow import export as export_lib
+    from tpukit.engines.keras import export as export_lib
 
     the_plan = session.plan
     if "saved_model" not in exported:

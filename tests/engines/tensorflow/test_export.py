@@ -1,11 +1,11 @@
-"""tpukit.engines.tensorflow.export: model.keras + a SavedModel `serve` endpoint that reproduce the model, float32 out."""
+"""tpukit.engines.keras.export: model.keras + a SavedModel `serve` endpoint that reproduce the model, float32 out."""
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from tpukit.engines.tensorflow.export import export_model, io_device_for, load_serving
+from tpukit.engines.keras.export import export_model, io_device_for, load_serving
 from tpukit.models import small_cnn
 
 

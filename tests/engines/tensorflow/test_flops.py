@@ -1,4 +1,4 @@
-"""tpukit.engines.tensorflow.flops: exact FLOP counts on hand-computed models, the TPU peak table, the measured CPU peak and its cache."""
+"""tpukit.engines.keras.flops: exact FLOP counts on hand-computed models, the TPU peak table, the measured CPU peak and its cache."""
 
 import json
 import time
@@ -7,7 +7,8 @@ import keras
 import pytest
 from keras import layers
 
-from tpukit.engines.tensorflow import flops
+from tpukit.engines.keras import flops
+from tpukit.engines.tensorflow import flops as tf_flops
 
 
 def _dense_model():
@@ -37,18 +38,18 @@ CONV_FORWARD = (
 
 
 def test_dense_model_counts_2_in_out_per_layer_times_3_for_training():
-    assert flops.forward_flops(_dense_model()) == DENSE_FORWARD
-    assert flops.model_flops_per_example(_dense_model()) == 3 * DENSE_FORWARD
+    assert tf_flops.forward_flops(_dense_model()) == DENSE_FORWARD
+    assert tf_flops.model_flops_per_example(_dense_model()) == 3 * DENSE_FORWARD
 
 
 def test_conv_model_counts_every_output_times_kernel_volume():
-    assert flops.forward_flops(_conv_model()) == CONV_FORWARD == 16032
-    assert flops.model_flops_per_example(_conv_model()) == 3 * CONV_FORWARD
+    assert tf_flops.forward_flops(_conv_model()) == CONV_FORWARD == 16032
+    assert tf_flops.model_flops_per_example(_conv_model()) == 3 * CONV_FORWARD
 
 
 def test_count_is_per_example_and_independent_of_the_dtype_policy():
     keras.mixed_precision.set_global_policy("mixed_bfloat16")  # conftest resets it
-    assert flops.forward_flops(_conv_model()) == CONV_FORWARD
+    assert tf_flops.forward_flops(_conv_model()) == CONV_FORWARD
 
 
 def test_einsum_ops_are_counted():
@@ -59,13 +60,13 @@ def test_einsum_ops_are_counted():
     projections = 3 * (2 * 5 * 8 * (2 * 4))  # q, k, v: 8 -> 2 heads x 4, at 5 positions
     attention = 2 * (2 * 5 * 5 * 2 * 4)  # scores and context: 5x5 per head, contracted over 4
     output = 2 * 5 * (2 * 4) * 8
-    assert flops.forward_flops(model) == projections + attention + output == 3360
+    assert tf_flops.forward_flops(model) == projections + attention + output == 3360
 
 
 def test_model_built_under_a_strategy(strategy_2):
     with strategy_2.scope():
         model = _dense_model()
-    assert flops.model_flops_per_example(model) == 3 * DENSE_FORWARD
+    assert tf_flops.model_flops_per_example(model) == 3 * DENSE_FORWARD
 
 
 def test_uncountable_models_give_none_not_an_error(caplog):
@@ -76,8 +77,8 @@ def test_uncountable_models_give_none_not_an_error(caplog):
     dynamic_inputs = keras.Input((None, 8))
     dynamic = keras.Model(dynamic_inputs, layers.Dense(2)(dynamic_inputs))
     with caplog.at_level("WARNING", logger="tpukit"):
-        assert flops.model_flops_per_example(Subclassed()) is None
-        assert flops.model_flops_per_example(dynamic) is None
+        assert tf_flops.model_flops_per_example(Subclassed()) is None
+        assert tf_flops.model_flops_per_example(dynamic) is None
     assert "no symbolic inputs" in caplog.text and "dynamic shape" in caplog.text
 
 

@@ -6,7 +6,7 @@ import zipfile
 
 import keras
 
-from tpukit.engines.tensorflow import keras_private
+from tpukit.engines.keras import keras_private
 from tpukit.models.layers import SelfAttention
 
 

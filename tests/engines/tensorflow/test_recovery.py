@@ -19,8 +19,8 @@ from helpers import digits_recipe, run_cli
 
 import tpukit  # noqa: F401  (registers tpukit classes for load_model)
 from tpukit import data
+from tpukit.engines.keras import trainer
 from tpukit.engines.tensorflow import checkpoint as checkpoint_lib
-from tpukit.engines.tensorflow import trainer
 from tpukit.recipe import RecipeError, from_dict
 from tpukit.runner import run
 
@@ -396,7 +396,7 @@ def test_a_bad_checkpoint_path_and_a_missing_checkpoint_are_refused_before_any_m
 
 
 def test_eval_mode_decides_no_steps_per_execution(tmp_path, caplog, monkeypatch):
-    from tpukit.engines.tensorflow import flops
+    from tpukit.engines.keras import flops
 
     run(recipe(), str(tmp_path))
     timed = []

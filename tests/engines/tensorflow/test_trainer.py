@@ -12,7 +12,7 @@ import tensorflow as tf
 from helpers import digits_recipe, run_cli
 
 import tpukit  # noqa: F401  (registers tpukit classes for load_model)
-from tpukit.engines.tensorflow.trainer import TrainingDivergedError
+from tpukit.engines.keras.trainer import TrainingDivergedError
 from tpukit.recipe import RecipeError, from_dict
 from tpukit.runner import run
 
@@ -370,7 +370,7 @@ def test_scalars_written_off_the_step_loop_are_what_tensorboard_reads(tmp_path):
     from tensorboard.backend.event_processing import event_accumulator
     from tensorboard.util import tensor_util
 
-    from tpukit.engines.tensorflow.callbacks import _SummaryThread
+    from tpukit.engines.keras.callbacks import _SummaryThread
 
     thread = _SummaryThread(str(tmp_path))
     for step in (44, 88):

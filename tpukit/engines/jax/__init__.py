@@ -2,10 +2,10 @@
 axis (`runtime.mesh`): data parallelism, and weights split over the `model` axis (`runtime.layout`, else the model's
 default in `tpukit.models.layouts`), on one host or many (`keras.distribution.initialize`).
 
-`engine` is what `tpukit.runner` calls (the functions `tpukit.engines.tensorflow.engine` provides). Beneath it:
-`checkpoint` (whole-value `.npz` checkpoints, resumable on another mesh), `compat` (version checks). The fit loop
-with its guarantees (checkpoints every N steps, SIGTERM/Ctrl-C, NaN rollback, mid-epoch resume), the callbacks and
-the TPU peak-FLOPs table are Keras-generic and shared with the TensorFlow engine (`tpukit.engines.tensorflow.trainer`,
-`callbacks`, `flops`): the jax engine installs TensorFlow's CPU build for tf.data anyway. Keras' backend must be
-"jax" before Keras is first imported: the CLI sets it from `runtime.engine`; in Python, `tpukit.use_engine("jax")`.
+`engine` implements `tpukit.engines.keras.protocols.Engine`; beneath it: `checkpoint` (whole-value `.npz`
+checkpoints, resumable on another mesh), `compat` (version checks and the private JAX internals), `saved_model`
+(the SavedModel, exported by a TensorFlow-backend process), `tpu_compile` (libtpu's compiler for `tpukit check`).
+The fit loop, callbacks and peak FLOPs are the shared ones (`tpukit.engines.keras`); this package never imports the
+TensorFlow engine. Keras' backend must be "jax" before Keras is first imported: the CLI sets it from
+`runtime.engine`; in Python, `tpukit.use_engine("jax")`.
 """

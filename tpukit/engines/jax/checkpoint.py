@@ -8,7 +8,7 @@ are saved as their full (gathered) values with the variables' paths and shapes, 
 (more or fewer devices, another `model` split): restoring places each value with its variable's layout.
 
 The interface is the TensorFlow engine's `Checkpointer` (`step`, `data_position`, `state`, `save`, `restore`,
-`save_is_due`, `manager.latest_checkpoint`), which `tpukit.engines.tensorflow.trainer.fit_with_recovery` drives on
+`save_is_due`, `manager.latest_checkpoint`), which `tpukit.engines.keras.trainer.fit_with_recovery` drives on
 both engines. Multi-host: every process gathers (a collective), process 0 writes.
 """
 
@@ -28,8 +28,8 @@ import numpy as np
 import tensorflow as tf
 
 from tpukit import rundir
-from tpukit.engines.tensorflow import keras_private
-from tpukit.engines.tensorflow.checkpoint import (
+from tpukit.engines.keras import keras_private
+from tpukit.engines.keras.checkpoint import (
     CheckpointMismatchError,
     restore_first_readable,
 )

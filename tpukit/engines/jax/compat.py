@@ -304,7 +304,7 @@ def check_jax() -> str:
     backend.require("jax", "jax")
     quiet.share_libtpu()
     version = installed_jax()
-    from tpukit.engines.tensorflow.compat import check_keras
+    from tpukit.engines.keras.compat import check_keras
 
     check_keras()
     try:

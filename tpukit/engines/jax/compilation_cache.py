@@ -40,7 +40,7 @@ _OFF = ("0", "off", "false", "no")
 
 def default_dir() -> str:
     """`$XDG_CACHE_HOME/tpukit/jax_compilation_cache`, by default `~/.cache/tpukit/jax_compilation_cache`."""
-    from tpukit.engines.tensorflow import flops  # tpukit's cache directory: the peak FLOP/s file's
+    from tpukit.engines.keras import flops  # tpukit's cache directory: the peak FLOP/s file's
 
     return os.path.join(os.path.dirname(flops.default_cache_path()), "jax_compilation_cache")
 

@@ -32,11 +32,13 @@ from tpukit import planner, task
 from tpukit.engines.jax import checkpoint as checkpoint_lib
 from tpukit.engines.jax import compat, compilation_cache
 from tpukit.engines.jax.saved_model import SavedModelExport
-from tpukit.engines.tensorflow import callbacks as callbacks_lib
-from tpukit.engines.tensorflow import engine as tf_engine
-from tpukit.engines.tensorflow import flops, trainer
-from tpukit.engines.tensorflow.checkpoint import CheckpointCorruptError, CheckpointMismatchError
-from tpukit.engines.tensorflow.strategy import first_four, plural
+from tpukit.engines.keras import callbacks as callbacks_lib
+from tpukit.engines.keras import flops, trainer
+from tpukit.engines.keras import session as session_lib
+from tpukit.engines.keras.checkpoint import CheckpointCorruptError, CheckpointMismatchError
+from tpukit.engines.keras.export import KERAS_FILENAME, SAVED_MODEL_DIRNAME
+from tpukit.engines.keras.session import dtype_policy
+from tpukit.logs import first_four, plural
 from tpukit.models.layouts import DEFAULT_LAYOUTS
 from tpukit.planner import CheckpointFacts, Hardware, Plan
 from tpukit.planner.layouts import Layouts
@@ -46,10 +48,6 @@ logger = logging.getLogger("tpukit")
 
 NAME = "jax"
 AXES = ("data", "model")
-
-# Keras-generic pieces shared with the TensorFlow engine.
-dtype_policy = tf_engine.dtype_policy
-_exact_loss = tf_engine._exact_loss
 
 
 @dataclasses.dataclass
@@ -186,7 +184,8 @@ def describe(mesh: Mesh, requested: dict | None = None) -> str:
 
 
 def remote_files():
-    from tpukit.engines.tensorflow.files import GFiles
+    """`tpukit.rundir`'s file operations for gs:// and other `scheme://` output directories."""
+    from tpukit.engines.keras.files import GFiles
 
     return GFiles()
 
@@ -272,21 +271,13 @@ def _eval_dataset(the_plan: Plan, spec=None):
 
 
 @dataclasses.dataclass
-class Session:
-    plan: Plan
-    model: Any
-    checkpointer: Any
-    start_step: int
-    flops_per_example: float | None
-    peak_flops: float | None
-    peak_source: str
-    throughput: Any
+class Session(session_lib.Session):
+    """The shared session, with the mesh's distribution, the variables split on the model axis and the
+    SavedModel's exporting process."""
+
     distribution: Any = None
     sharded: dict = dataclasses.field(default_factory=dict)
-    decision: dict = dataclasses.field(default_factory=dict)  # why this steps_per_execution
     saved_model: SavedModelExport | None = None  # the exporting process, started by `build`
-    # Times a measured peak again, given the FLOP/s training reached (`flops.checked_mfu`); None: a table's peak.
-    remeasure_peak: Any = None
 
 
 def _compiled(
@@ -353,7 +344,7 @@ def _restore(the_plan: Plan, checkpointer) -> int:
 def build(the_plan: Plan) -> Session:
     """Seeds, builds and compiles the model with its weights placed on the mesh (the layout checked: every entry
     matches a variable, every split divides), decides `steps_per_execution: auto` from the model's FLOPs and the
-    devices' peak (`tf_engine.decide_steps_per_execution`: nothing is trained or timed, so the model is built once
+    devices' peak (`session.decide_steps_per_execution`: nothing is trained or timed, so the model is built once
     and initialized as with a fixed value), and restores the newest readable checkpoint. Call it under
     `dtype_policy`."""
     # The SavedModel's exporting process imports while this one builds and compiles (`saved_model`).
@@ -382,7 +373,7 @@ def _build(the_plan: Plan, saved_model: SavedModelExport | None) -> Session:
     if the_plan.training:
         peak_flops, peak_source = _peak_flops(the_plan)
         logger.info("tpukit: %s", peak_source)
-    the_plan, decision = tf_engine.decide_steps_per_execution(
+    the_plan, decision = session_lib.decide_steps_per_execution(
         the_plan, model, flops_per_example, peak_flops
     )
     mesh = the_plan.strategy
@@ -407,19 +398,21 @@ def _build(the_plan: Plan, saved_model: SavedModelExport | None) -> Session:
     )
     start_step = _restore(the_plan, checkpointer)
     return Session(
-        the_plan,
-        model,
-        checkpointer,
-        start_step,
-        flops_per_example,
-        peak_flops,
-        peak_source,
-        callbacks_lib.Throughput(recipe.data.global_batch_size),
-        distribution,
-        sharded,
-        decision,
-        saved_model,
-        None if the_plan.strategy_kind == "jax_tpu" else functools.partial(_peak_flops, the_plan),
+        plan=the_plan,
+        model=model,
+        checkpointer=checkpointer,
+        start_step=start_step,
+        flops_per_example=flops_per_example,
+        peak_flops=peak_flops,
+        peak_source=peak_source,
+        throughput=callbacks_lib.Throughput(recipe.data.global_batch_size),
+        decision=decision,
+        remeasure_peak=None
+        if the_plan.strategy_kind == "jax_tpu"
+        else functools.partial(_peak_flops, the_plan),
+        distribution=distribution,
+        sharded=sharded,
+        saved_model=saved_model,
     )
 
 
@@ -462,7 +455,7 @@ def _needs_mesh(mesh: Mesh) -> bool:
 
 def train(session: Session, callbacks: list | None = None):
     """Trains from `session.start_step` to the plan's last step with the trainer both engines share."""
-    return tf_engine.fit_session(
+    return session_lib.fit_session(
         session, _train_dataset, _eval_dataset, _callbacks(session) + list(callbacks or [])
     )
 
@@ -503,12 +496,12 @@ class _ExportWaitsWhileTraining(keras.callbacks.Callback):
 
 
 def _callbacks(session: Session) -> list:
-    """The TensorFlow engine's callbacks, run by every process: on several hosts each JAX computation (a
+    """The shared callbacks (`session.standard_callbacks`), run by every process: on several hosts each JAX computation (a
     learning-rate read for TensorBoard included) is one program that all of them must run, so no callback may be
     the chief's alone. Each process writes its summaries into its own task directory (`worker1/logs`, ...)."""
     the_plan, recipe = session.plan, session.plan.recipe
-    result = tf_engine._callbacks(
-        _exact_loss(session.model),
+    result = session_lib.standard_callbacks(
+        session_lib.exact_loss_terms(session.model),
         recipe,
         the_plan.output_dir,
         session.throughput,
@@ -532,13 +525,13 @@ def _callbacks(session: Session) -> list:
 def evaluate(session: Session, outcome) -> dict[str, float]:
     """One exact pass over the eval split (the last batch completed with zero-weight examples); {} without
     evaluation."""
-    return tf_engine.evaluate_session(session, outcome, _eval_dataset, [InOrder()])
+    return session_lib.evaluate_session(session, outcome, _eval_dataset, [InOrder()])
 
 
 def export(session: Session, outcome) -> dict[str, str]:
     """`model.keras` (written here, whole: a temporary name, then a rename) and the SavedModel `serve` endpoint,
     which a TensorFlow-backend process exports from that file (`saved_model`: started by `build`, it has imported
-    TensorFlow while this one trained; it runs `tpukit.engines.tensorflow.export`'s command): TF 2.21 cannot load
+    TensorFlow while this one trained; it runs `tpukit.engines.keras.export`'s command): TF 2.21 cannot load
     SavedModels that jax >= 0.11 exports through jax2tf. {} in eval mode or when stopped by a signal; the
     SavedModel is skipped, with a warning, where TensorFlow cannot export it."""
     try:
@@ -552,7 +545,6 @@ def _export(session: Session, outcome) -> dict[str, str]:
     if not the_plan.training or outcome.status in trainer.STOPPED.values():
         return {}
     from tpukit import rundir
-    from tpukit.engines.tensorflow.export import KERAS_FILENAME, SAVED_MODEL_DIRNAME
 
     model = session.model
     if the_plan.strategy.processes > 1:
@@ -719,9 +711,8 @@ def _jax_matmul_flops(size: int, dtype: str) -> float:
 
 def report(session: Session, outcome, evaluation: dict, exported: dict) -> dict:
     """The run's metrics; the TensorFlow engine's keys, with the mesh and the split variables."""
-    metrics = tf_engine.report(session, outcome, evaluation, exported)
+    metrics = session_lib.report(session, outcome, evaluation, exported, NAME)
     metrics.update(
-        engine=NAME,
         strategy="ModelParallel" if session.plan.mesh["model"] > 1 else "DataParallel",
         peak_flops_dtype=flops.peak_dtype(
             session.plan.precision, "tpu" if session.plan.strategy_kind == "jax_tpu" else "default"
@@ -742,7 +733,7 @@ def explained(the_plan: Plan):
     previous = keras.distribution.distribution()
     exports = len(_STARTED_EXPORTS)
     try:
-        with tf_engine.explained(the_plan, checkpoint_lib.newest_checkpoint_step):
+        with session_lib.explained(the_plan, checkpoint_lib.newest_checkpoint_step):
             yield
     finally:
         keras.distribution.set_distribution(previous)
@@ -751,6 +742,7 @@ def explained(the_plan: Plan):
 
 
 __all__ = [
+    "NAME",
     "build",
     "checkpoints",
     "dtype_policy",

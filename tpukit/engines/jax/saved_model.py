@@ -1,14 +1,14 @@
 """The jax engine's SavedModel export, by a TensorFlow-backend process started when the run is built.
 
 TF 2.21 cannot load SavedModels that jax >= 0.11 exports through jax2tf, so a run on the jax engine exports its
-`model.keras` with `tpukit.engines.tensorflow.export` in a process of Keras' TensorFlow backend. Started at the
+`model.keras` with `tpukit.engines.keras.export` in a process of Keras' TensorFlow backend. Started at the
 export, that process cost ~4-5 s on a 2-core CPU, almost all of it imports (TensorFlow, Keras) and interpreter
 teardown; loading and exporting a small model take ~0.5 s. So here it starts when the run is built and imports
 (~2.3 s: the unused scikit-learn, matplotlib and JAX are kept out, `main`) while this process builds the model and
 compiles its first step; on Linux it is paused (SIGSTOP) while steps train, so that a small model's short build
 does not leave the imports competing with the training steps, and continued (SIGCONT) when `fit` returns. It then
 waits on its stdin for one line `["<model.keras>", "<output dir>"]`, runs the same `main` as `python -m
-tpukit.engines.tensorflow.export` (the same files), and exits without the interpreter's teardown once they are
+tpukit.engines.keras.export` (the same files), and exits without the interpreter's teardown once they are
 written and closed. An empty stdin (the run stopped before exporting) ends it without writing anything; on Linux
 the kernel kills it when the thread that started it ends, even by SIGKILL (`PR_SET_PDEATHSIG`), so a paused one
 cannot outlive its run (`build` and `export` run on the caller's thread, as `tpukit.run` calls them).
@@ -152,7 +152,7 @@ def main(argv: list[str]) -> int:
     import keras  # noqa: F401 - imported now, while the run builds its model: `export.main` needs it
 
     import tpukit.models  # noqa: F401 - registers tpukit's layers for loading
-    from tpukit.engines.tensorflow import export
+    from tpukit.engines.keras import export
 
     line = sys.stdin.readline()
     if not line.strip():

@@ -24,17 +24,23 @@ import time
 
 import tensorflow as tf
 
-from tpukit.engines.tensorflow import keras_private
+from tpukit.engines.keras import keras_private
+from tpukit.engines.keras.checkpoint import (
+    CheckpointCorruptError,
+    CheckpointMismatchError,
+    restore_first_readable,
+)
 
 logger = logging.getLogger("tpukit")
 
-
-class CheckpointMismatchError(ValueError):
-    """The checkpoint in the output directory does not fit the model the recipe builds."""
-
-
-class CheckpointCorruptError(ValueError):
-    """No checkpoint in the directory could be read (all are incomplete or damaged)."""
+__all__ = [
+    "CheckpointCorruptError",
+    "CheckpointMismatchError",
+    "Checkpointer",
+    "RunState",
+    "newest_checkpoint_step",
+    "restore_first_readable",
+]
 
 
 # What a damaged or truncated checkpoint raises on restore (measured with TF 2.21: a truncated .data file raises
@@ -216,50 +222,6 @@ class Checkpointer:
         if max_overhead is None or self.manager.latest_checkpoint is None:
             return True
         return time.perf_counter() - self.saved_at >= self.save_seconds / max_overhead
-
-
-def restore_first_readable(checkpointer, candidates: list[str], read_errors: tuple) -> int:
-    """Restores the first of `candidates` (newest first) that `checkpointer._restore_one` can read, saying which
-    were skipped and why, and returns its step (0 without candidates). Both engines' checkpointers use it.
-
-    Raises:
-        CheckpointMismatchError: a readable checkpoint does not fit the model.
-        CheckpointCorruptError: no candidate can be read.
-    """
-    if not candidates:
-        return 0
-    failures = []
-    for candidate in candidates:
-        try:
-            checkpointer._restore_one(candidate)
-        except CheckpointMismatchError:
-            raise
-        except read_errors as error:
-            failures.append(
-                f"{candidate} ({type(error).__name__}: {str(error).splitlines()[0][:200]})"
-            )
-            logger.warning(
-                "tpukit: checkpoint %s is incomplete or damaged (%s)%s",
-                candidate,
-                type(error).__name__,
-                "; trying the previous one" if candidate != candidates[-1] else "",
-            )
-            continue
-        if failures:
-            logger.warning(
-                "tpukit: resumed from %s (step %d) because the newer checkpoint(s) could not be read: %s",
-                candidate,
-                checkpointer.step,
-                "; ".join(failures),
-            )
-        else:
-            logger.info("tpukit: restored %s at step %d", candidate, checkpointer.step)
-        checkpointer.last_saved_step = checkpointer.step
-        return checkpointer.step
-    raise CheckpointCorruptError(
-        f"no checkpoint in {os.path.dirname(candidates[0])} could be read: {'; '.join(failures)}. Fix: restore "
-        "the files from a backup, or delete that directory (or pass a new --output_dir) to start over."
-    )
 
 
 def newest_checkpoint_step(checkpoint_dir: str) -> int:

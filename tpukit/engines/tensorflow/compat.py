@@ -9,10 +9,11 @@ minor in `tpukit.environment.versions.COMBINATIONS` (where each row says where i
 
 from __future__ import annotations
 
-import os
-
+from tpukit.engines.keras.compat import ALLOW_UNTESTED_KERAS, check_keras
 from tpukit.environment import backend, versions
 from tpukit.environment.versions import KERAS_TESTED, MAX_TF_EXCLUSIVE, MIN_TF
+
+__all__ = ["ALLOW_UNTESTED_KERAS", "KERAS_TESTED", "check_keras", "check_tensorflow"]
 
 
 def check_tensorflow() -> str:
@@ -38,35 +39,3 @@ def check_tensorflow() -> str:
         )
     check_keras()
     return version
-
-
-# KERAS_TESTED (imported above, and used from here as compat.KERAS_TESTED) lives in tpukit.environment.versions,
-# beside the TensorFlow range, so the doctor reads it without importing this engine.
-ALLOW_UNTESTED_KERAS = "TPUKIT_ALLOW_UNTESTED_KERAS"
-
-
-def check_keras() -> str:
-    """Returns Keras' version; raises ImportError outside `KERAS_TESTED` unless $TPUKIT_ALLOW_UNTESTED_KERAS=1."""
-    import logging
-
-    try:
-        import keras
-    except ImportError as error:
-        raise ImportError(
-            f"tpukit needs Keras 3 (received: {error}). Fix: `{versions.keras_install_command()}` and restart the "
-            "runtime."
-        ) from error
-    version = keras.__version__
-    low, high = (".".join(map(str, v)) for v in KERAS_TESTED)
-    if KERAS_TESTED[0] <= versions.minor(version) < KERAS_TESTED[1]:
-        return version
-    message = (
-        f"tpukit was tested with Keras >= {low} and < {high} (it patches private Keras internals); received keras "
-        f"{version}. Fix: `{versions.keras_install_command()}` and restart the runtime"
-    )
-    if os.environ.get(ALLOW_UNTESTED_KERAS) == "1":
-        logging.getLogger("tpukit").warning(
-            "tpukit: %s (continuing: %s=1).", message, ALLOW_UNTESTED_KERAS
-        )
-        return version
-    raise ImportError(f"{message}, or set {ALLOW_UNTESTED_KERAS}=1 to try it anyway.")

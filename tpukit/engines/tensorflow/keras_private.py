@@ -1,10 +1,11 @@
-"""Every use of private Keras and TensorFlow internals in tpukit, in one module.
+"""The private Keras and TensorFlow internals only the TensorFlow engine touches, in one module (those the
+engines share are in `tpukit.engines.keras.keras_private`).
 
 Keras' and TensorFlow's private names (`keras.src.*`, `tensorflow.python.*`, underscore attributes and methods of
-their objects) can change in any release. tpukit touches them only here, each through one small named function
-or class that says what it works around, the upstream issue where there is one, and the versions it was tested
-with. Bumping Keras or TensorFlow is a review of this file; `tests/engines/tensorflow/test_keras_private.py`
-keeps `keras.src` and `tensorflow.python` imports out of every other module. Importing this module imports
+their objects) can change in any release. tpukit touches them only here and in the shared module, each through one
+small named function that says what it works around, the upstream issue where there is one, and the versions it was
+tested with; `tests/engines/tensorflow/test_keras_private.py` keeps `keras.src` and `tensorflow.python` imports out
+of every other module. Importing this module imports
 neither Keras nor TensorFlow (each function imports what it needs), so the doctor still runs where they are broken.
 
 Tested ranges (the suite on each; `.ci/tf_matrix.sh`):
@@ -18,41 +19,9 @@ The Keras line numbers below are from keras 3.15.1 (`keras/src/...`).
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import types
-from collections.abc import Callable, Iterator
 
-# -- Keras trainer (keras/src/trainers/trainer.py, keras/src/backend/tensorflow/trainer.py) -------------------------
-
-
-@contextlib.contextmanager
-def validation_only_while(model, allowed: Callable[[], bool]) -> Iterator[None]:
-    """Inside the block, `fit` runs an epoch's validation only while `allowed()` is True (and Keras' own
-    `validation_freq` rule says so); back to Keras' rule afterwards.
-
-    Keras has no public hook for skipping a validation: `fit` asks `Trainer._should_eval(epoch, validation_freq)`
-    (keras/src/trainers/trainer.py line 1022), which this shadows on the instance. No upstream issue.
-    Tested: Keras 3.15.x with TensorFlow 2.19-2.21.
-    """
-    keras_should_eval = type(model)._should_eval
-    model._should_eval = lambda epoch, freq: allowed() and keras_should_eval(model, epoch, freq)
-    try:
-        yield
-    finally:
-        del model._should_eval  # back to Keras' method
-
-
-def reset_eval_epoch_iterator(model) -> None:
-    """Resets the eval `EpochIterator` that `fit` caches between validations, if there is one.
-
-    Keras 3.15's `fit` keeps it in `model._eval_epoch_iterator` (keras/src/backend/tensorflow/trainer.py lines
-    412-415) and can reuse an exhausted one (see `trainer.FreshValidationPass`). No upstream issue.
-    Tested: Keras 3.15.x with TensorFlow 2.19-2.21.
-    """
-    iterator = getattr(model, "_eval_epoch_iterator", None)
-    if iterator is not None:
-        iterator.reset()
+# -- Keras' TensorFlow trainer (keras/src/backend/tensorflow/trainer.py) ----------------------------------------------
 
 
 def autoconvert_optionals(model, step_function):
@@ -104,73 +73,6 @@ def build_from_one_replica_batch(model) -> None:
     """
     if hasattr(model, "_maybe_symbolic_build"):
         model._maybe_symbolic_build = types.MethodType(_local_replica_symbolic_build, model)
-
-
-# -- Keras callbacks (keras/src/callbacks/tensorboard.py) -----------------------------------------------------------
-
-
-@functools.cache
-def tensorboard_without_scalars() -> type:
-    """A `keras.callbacks.TensorBoard` subclass that writes no epoch scalars and no graph (tpukit writes the scalars
-    off the step loop, `callbacks.TensorBoardScalars`): what is left is its profiler (`profile_batch`). A function
-    so that importing this module imports no Keras (the doctor imports `strategy`, which imports this module).
-
-    Keras 3.15 has no switch for its epoch scalars: `TensorBoard._log_epoch_metrics(epoch, logs)`
-    (keras/src/callbacks/tensorboard.py line 548) writes every `epoch_*` scalar; the class overrides it. No
-    upstream issue. Tested: Keras 3.15.x with TensorFlow 2.19-2.21.
-    """
-    import keras
-
-    class TensorBoardWithoutScalars(keras.callbacks.TensorBoard):
-        def __init__(self, log_dir, profile_batch):
-            super().__init__(log_dir, write_graph=False, profile_batch=profile_batch)
-
-        def _log_epoch_metrics(self, epoch, logs):
-            pass
-
-    return TensorBoardWithoutScalars
-
-
-# -- TensorFlow (tensorflow/python/...) -----------------------------------------------------------------------------
-
-
-def saved_model_root():
-    """An empty `AutoTrackable`, the root object Keras' `ExportArchive` saves (keras/src/export/
-    saved_model_export_archive.py line 35): any attribute set on it is tracked and saved, `variables` included
-    (a `tf.Module` computes `variables` itself and refuses the assignment). `tf.__internal__` has no stability
-    promise. No upstream issue. Tested: TensorFlow 2.19-2.21.
-    """
-    import tensorflow as tf
-
-    return tf.__internal__.tracking.AutoTrackable()
-
-
-def record_steps_per_execution(model, steps_per_execution: int) -> None:
-    """Sets `steps_per_execution` in the compile config a saved `.keras` file keeps, as if `compile` had been given
-    it: tpukit compiles with 1 and decides `auto` once the model is built. Keras 3.15 keeps that config in
-    `model._compile_config.config` (keras/src/trainers/trainer.py, `compile`). No upstream issue. Tested: Keras
-    3.15.x.
-    """
-    config = getattr(getattr(model, "_compile_config", None), "config", None)
-    if isinstance(config, dict) and "steps_per_execution" in config:
-        config["steps_per_execution"] = steps_per_execution
-
-
-def record_jit_compile(model, jit_compile: bool) -> None:
-    """Sets `jit_compile` in the compile config a saved `.keras` file keeps, as `record_steps_per_execution` does:
-    on a CPU tpukit compiles without XLA and decides once the model is built (`Trainer.jit_compile`'s setter is
-    public; the config is not). Tested: Keras 3.15.x."""
-    config = getattr(getattr(model, "_compile_config", None), "config", None)
-    if isinstance(config, dict) and "jit_compile" in config:
-        config["jit_compile"] = jit_compile
-
-
-def layer_classes(model) -> set[type]:
-    """The classes of every layer in `model`, nested ones included (a layer kept as another layer's attribute,
-    which `model.layers` does not list). Keras 3 has no public recursive listing: `Layer._flatten_layers`
-    (keras/src/layers/layer.py) is what `Layer.summary` and weight tracking walk. No upstream issue. Tested: Keras
-    3.15.x."""
-    return {type(layer) for layer in model._flatten_layers(include_self=True, recursive=True)}
 
 
 def profiled_float_ops(graph, op_type_regexes: list[str]) -> int:
@@ -236,38 +138,3 @@ def serialized_dataset_graph(dataset):
     return dataset._as_serialized_graph(
         external_state_policy=tf.data.experimental.ExternalStatePolicy.WARN
     )
-
-
-# -- Keras optimizers (keras/src/optimizers/base_optimizer.py) ---------------------------------------------------------
-
-
-def batch_step(optimizer) -> int:
-    """Batches the optimizer has taken: `optimizer._iterations`, which with `gradient_accumulation_steps=k`
-    counts every batch while the public `iterations` counts updates (`_iterations // k`, base_optimizer.py
-    `iterations` property). tpukit's steps (checkpoints, epochs, the data position) are batches. No upstream
-    issue. A `LossScaleOptimizer` (mixed_float16) counts with the optimizer it wraps (its `iterations` property,
-    loss_scale_optimizer.py line 312; its own `_iterations` never moves), so the innermost optimizer is read.
-    Tested: Keras 3.15.x with TensorFlow 2.19-2.21.
-    """
-    while getattr(optimizer, "inner_optimizer", None) is not None:
-        optimizer = optimizer.inner_optimizer
-    counter = getattr(optimizer, "_iterations", None)
-    return int((optimizer.iterations if counter is None else counter).numpy())
-
-
-@contextlib.contextmanager
-def averages_kept_apart(optimizer) -> Iterator[None]:
-    """Inside the block, `fit` leaves the weights as trained when it returns: with `use_ema`, Keras' `fit` ends
-    by copying the moving averages into the model (`finalize_variable_values`, base_optimizer.py), so a
-    checkpoint saved after one `fit` (a segment between resumes) would resume from the averages instead of the
-    trained weights. Shadows the method on the instance; the engine calls Keras' own after the last checkpoint.
-    No upstream issue. Tested: Keras 3.15.x with TensorFlow 2.19-2.21.
-    """
-    if not getattr(optimizer, "use_ema", False):
-        yield
-        return
-    optimizer.finalize_variable_values = lambda variables: None
-    try:
-        yield
-    finally:
-        del optimizer.finalize_variable_values  # back to Keras' method

@@ -34,6 +34,7 @@ import time
 from tpukit.engines.tensorflow import compat, keras_private, waiting
 from tpukit.engines.tensorflow.waiting import WaitInterrupted
 from tpukit.environment import diagnose, quiet, versions
+from tpukit.logs import first_four, plural
 
 logger = logging.getLogger("tpukit")
 
@@ -666,11 +667,6 @@ DEVICE_WORDS = {"CPU": "CPU", "GPU": "GPU", "TPU": "TPU core"}
 _LOCAL = "/job:localhost/replica:0/task:0"  # the prefix of every device name of a single-process strategy
 
 
-def plural(count: int, word: str) -> str:
-    """`1 replica`, `2 replicas`: the start line is read by people new to distributed training."""
-    return f"{count} {word}{'' if count == 1 else 's'}"
-
-
 def devices_in_words(names: list[str]) -> str:
     """`1 CPU (/device:CPU:0)`, `8 TPU cores (/job:worker/replica:0/task:0/device:TPU:0, ... (8 in all))`: how
     many devices of each type, then their names (the first four)."""
@@ -684,11 +680,6 @@ def devices_in_words(names: list[str]) -> str:
         plural(n, DEVICE_WORDS.get(kind, f"{kind} device")) for kind, n in counts.items()
     )
     return f"{kinds} ({first_four([name.removeprefix(_LOCAL) for name in names])})"
-
-
-def first_four(names: list[str]) -> str:
-    """`a, b, c, d, ... (8 in all)`: the names a start line shows."""
-    return ", ".join(names[:4]) + (f", ... ({len(names)} in all)" if len(names) > 4 else "")
 
 
 def describe(strategy, reason: str = "") -> str:

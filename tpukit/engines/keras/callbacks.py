@@ -13,7 +13,7 @@ import keras
 import tensorflow as tf
 
 from tpukit import rundir
-from tpukit.engines.tensorflow import keras_private
+from tpukit.engines.keras import keras_private
 
 logger = logging.getLogger("tpukit")
 

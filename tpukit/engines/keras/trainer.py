@@ -39,7 +39,7 @@ from collections.abc import Callable
 import keras
 
 from tpukit import rundir
-from tpukit.engines.tensorflow import keras_private
+from tpukit.engines.keras import keras_private
 
 logger = logging.getLogger("tpukit")
 

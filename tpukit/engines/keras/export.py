@@ -172,7 +172,7 @@ def _write_serving_module(model, serve, signature, path: str, options) -> None:
     captures one that is not a variable."""
     import tensorflow as tf
 
-    from tpukit.engines.tensorflow import keras_private
+    from tpukit.engines.keras import keras_private
 
     # The attributes ExportArchive's root has: `tf.saved_model.load(path).trainable_variables` works as before.
     module = keras_private.saved_model_root()
@@ -237,7 +237,7 @@ def load_serving(path: str, *, io_device: str | None = None, endpoint: str = SER
         available = sorted(loaded.signatures.keys())
         raise ValueError(
             f"load_serving: the SavedModel at {path!r} has no endpoint {endpoint!r}; received endpoint={endpoint!r}, "
-            f"its signatures are {available}. Fix: pass one of those, or re-export with tpukit.engines.tensorflow.export.export_model."
+            f"its signatures are {available}. Fix: pass one of those, or re-export with tpukit.engines.keras.export.export_model."
         )
 
     def serve(*args, **kwargs):
@@ -250,7 +250,7 @@ def load_serving(path: str, *, io_device: str | None = None, endpoint: str = SER
 
 
 def main(argv: list[str]) -> int:
-    """`python -m tpukit.engines.tensorflow.export MODEL.keras OUTPUT_DIR`: the SavedModel of a `.keras` file in
+    """`python -m tpukit.engines.keras.export MODEL.keras OUTPUT_DIR`: the SavedModel of a `.keras` file in
     OUTPUT_DIR/saved_model (`model.keras` there is left as it is). The jax engine runs it in a TensorFlow-backend
     process to export what it trained (TF 2.21 cannot load SavedModels that jax >= 0.11 exports through jax2tf)."""
     os.environ["KERAS_BACKEND"] = "tensorflow"
