@@ -574,7 +574,7 @@ COMMANDS: dict[str, Command] = {
     ),
     "smoke": Command(
         summary="a synthetic recipe through every path on this machine, one report to share",
-        synopsis="tpukit smoke [--engine tensorflow|jax] [--tpu ADDR] [--precision P] [--json]",
+        synopsis="tpukit smoke [--engine auto|tensorflow|jax] [--tpu ADDR] [--precision P] [--json]",
         description="Connect, train with steps_per_execution, checkpoint and resume, exact eval, SavedModel "
         "reload; prints versions, devices, examples/s, MFU and PASS/FAIL per path. The same as "
         "`python -m tpukit.smoke`.",

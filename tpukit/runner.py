@@ -21,6 +21,7 @@ import shutil
 
 from tpukit import __version__, engines, logs, planner, rundir, task
 from tpukit.engines import OutputDirError
+from tpukit.environment import engine_choice
 from tpukit.planner import MODES, Plan
 from tpukit.planner import changes as changes_lib
 from tpukit.recipe import Recipe, RecipeError, recipe_text
@@ -79,7 +80,11 @@ def make_plan(
     named in `accept_changes` (and those that change nothing trained: `tpukit.planner.changes.FREE`).
     """
     recipe.validate()
-    engine = engines.get(recipe.runtime.engine)
+    choice = engine_choice.resolve(
+        recipe.runtime.engine
+    )  # `auto`: the engine for this process and machine
+    recipe = recipe.with_engine(choice.engine)
+    engine = engines.get(choice.engine)
     evaluating = planner.check_request(recipe, mode, checkpoint)
     planner.check_output_dir(output_dir, mode)
     changes_lib.check_accepted_names(accept_changes)
@@ -103,7 +108,7 @@ def make_plan(
     task.builder_kwargs(
         the_plan.recipe
     )  # refuses what the builder cannot take on this engine, before any write
-    return dataclasses.replace(the_plan, accepted_changes=accepted) if accepted else the_plan
+    return dataclasses.replace(the_plan, engine_reason=choice.reason, accepted_changes=accepted)
 
 
 def _padded_as_trained(engine, the_plan: Plan, found) -> Plan:
@@ -215,7 +220,8 @@ def run(
     phases = logs.Phases()
     with phases.timed("plan"):
         recipe.validate()
-        engine = engines.get(recipe.runtime.engine)
+        # `make_plan` resolves `auto` again, to the same engine (`engine_choice.resolve` keeps its first decision).
+        engine = engines.get(engine_choice.resolve(recipe.runtime.engine).engine)
         files = _files(engine, output_dir)
     lock: rundir.RunLock | None = None
 
@@ -336,13 +342,28 @@ def _run(the_plan: Plan, engine, recipe: Recipe, callbacks, files, phases: logs.
         with phases.timed("export"):
             exported = engine.export(session, outcome)
         with phases.timed("report"):
-            metrics = engine.report(session, outcome, evaluation, exported)
+            metrics = _with_engine_reason(
+                engine.report(session, outcome, evaluation, exported), the_plan
+            )
         metrics["phases_seconds"] = phases.to_json()
         _log_phases(metrics["phases_seconds"])
         metrics = write_metrics(session.plan, metrics, files)
     if metrics["status"] == "interrupted":
         raise TrainingInterrupted(metrics, session.plan.output_dir)
     return metrics
+
+
+def _with_engine_reason(metrics: dict, the_plan: Plan) -> dict:
+    """`metrics` with `engine_reason` (why the plan's engine: `runtime.engine`, or what `auto` found) after
+    `engine`."""
+    if "engine" not in metrics:
+        return {**metrics, "engine_reason": the_plan.engine_reason}
+    ordered = {}
+    for key, value in metrics.items():
+        ordered[key] = value
+        if key == "engine":
+            ordered["engine_reason"] = the_plan.engine_reason
+    return ordered
 
 
 def _log_phases(seconds: dict) -> None:

@@ -521,7 +521,7 @@ def test_runtime_engine_mesh_and_layout():
         "data": "auto",
         "model": 1,
     }
-    assert tpukit.load_recipe("textfiles_char_lm").runtime.engine == "tensorflow"
+    assert tpukit.load_recipe("textfiles_char_lm").runtime.engine == "auto"  # the default
 
 
 @pytest.mark.parametrize(
@@ -535,7 +535,7 @@ def test_runtime_engine_mesh_and_layout():
         ),
         (
             "runtime.engine=torch",
-            "runtime.engine must be one of 'tensorflow' or 'jax'; received 'torch'",
+            "runtime.engine must be one of 'auto' or 'tensorflow' or 'jax'; received 'torch'",
         ),
         ('runtime.layout={"(": [null]}', "runtime.layout key '(' is not a regular expression"),
         (
@@ -554,5 +554,6 @@ def test_requested_engine_is_read_without_building_the_recipe():
     from tpukit.recipe.loading import requested_engine
 
     assert requested_engine("textfiles_char_lm", ["runtime.engine=jax"]) == "jax"
-    assert requested_engine("textfiles_char_lm") == "tensorflow"
-    assert requested_engine("no_such_recipe_anywhere") == "tensorflow"  # load_recipe reports it
+    assert requested_engine("textfiles_char_lm", ["runtime.engine=tensorflow"]) == "tensorflow"
+    assert requested_engine("textfiles_char_lm") == "auto"  # the default, resolved by use_engine
+    assert requested_engine("no_such_recipe_anywhere") == "auto"  # load_recipe reports it

@@ -4,8 +4,9 @@ cannot change it for modules already imported).
 Every tpukit package whose modules import Keras or TensorFlow (`tpukit.data`, `tpukit.models`, `tpukit.task`,
 `tpukit.engines.tensorflow`) calls `use_default()` before any of them loads; TensorFlow counts, since importing
 it (2.21) imports `keras.src.backend.config`, which fixes the backend then: unless the user chose a backend
-(`KERAS_BACKEND`), Keras loads the TensorFlow engine's, whatever `~/.keras/keras.json` names (the variable wins over
-the file in Keras).
+(`KERAS_BACKEND`), Keras loads the backend of the engine `runtime.engine: auto` chooses here
+(`tpukit.environment.engine_choice`), whatever `~/.keras/keras.json` names (the variable wins over the file in
+Keras).
 """
 
 from __future__ import annotations
@@ -13,16 +14,19 @@ from __future__ import annotations
 import os
 import sys
 
-DEFAULT = "tensorflow"
-_defaulted = False  # KERAS_BACKEND was set by `use_default`, not by the user
+from tpukit.environment import engine_choice
+
+DEFAULT = "tensorflow"  # the backend Keras itself loads when nothing names one
+_defaulted: str | None = None  # the KERAS_BACKEND `use_default` set (not the user)
 
 
 def use_default() -> str:
-    """Sets `KERAS_BACKEND` to tpukit's default unless the user set it; returns the backend Keras will use."""
+    """Sets `KERAS_BACKEND` to the backend of the engine `auto` chooses here unless the user set it; returns the
+    backend Keras will use."""
     global _defaulted
     if "KERAS_BACKEND" not in os.environ:
-        os.environ["KERAS_BACKEND"] = DEFAULT
-        _defaulted = True
+        _defaulted = BACKENDS[engine_choice.resolve(engine_choice.AUTO).engine]
+        os.environ["KERAS_BACKEND"] = _defaulted
     return os.environ["KERAS_BACKEND"]
 
 
@@ -49,21 +53,25 @@ BACKENDS = {"tensorflow": "tensorflow", "jax": "jax"}
 
 
 def use_engine(engine: str) -> str:
-    """Makes Keras load `engine`'s backend (`runtime.engine`: "tensorflow" or "jax"), and returns `engine`.
+    """Makes Keras load `engine`'s backend (`runtime.engine`: "auto", "tensorflow" or "jax"), and returns the
+    engine: `engine`, or the one `auto` chooses here (`tpukit.environment.engine_choice.resolve`).
 
-    Call it before anything imports Keras (`tpukit.use_engine("jax")` in a notebook's first cell; the CLI does it
+    Call it before anything imports Keras (`tpukit.use_engine("auto")` in a notebook's first cell; the CLI does it
     from the recipe). Once Keras is imported its backend cannot change: a different one raises ImportError with
     the fix (restart the process, or the notebook's runtime). A `KERAS_BACKEND` set for another backend is
     replaced, with a warning: the recipe's engine decides.
     """
-    if engine not in BACKENDS:
-        raise ValueError(f"unknown engine {engine!r}; valid engines: {', '.join(BACKENDS)}.")
+    if engine != engine_choice.AUTO and engine not in BACKENDS:
+        raise ValueError(
+            f"unknown engine {engine!r}; valid engines: {engine_choice.AUTO}, {', '.join(BACKENDS)}."
+        )
+    engine = engine_choice.resolve(engine).engine
     name = BACKENDS[engine]
     if "keras" in sys.modules:
         require(name, engine)
         return engine
     current = os.environ.get("KERAS_BACKEND")
-    if current and current != name and not (_defaulted and current == DEFAULT):
+    if current and current != name and current != _defaulted:
         import logging
 
         logging.getLogger("tpukit").warning(

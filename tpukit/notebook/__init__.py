@@ -50,10 +50,11 @@ _MODULES = {name: "tpukit.notebook.helpers" for name in __all__} | {
 _HELPERS = frozenset(__all__) - {"start"}
 
 
-def start(engine: str) -> str:
+def start(engine: str = "auto") -> str:
     """A notebook's first call: `tpukit.use_engine(engine)`, then the engine's libraries imported and TensorFlow's
     devices listed with their C++ start-up lines hidden (`tpukit.environment.quiet`: warnings and errors are kept;
-    `TPUKIT_VERBOSE=1` shows everything). Returns `engine`.
+    `TPUKIT_VERBOSE=1` shows everything). Returns the engine: `engine`, or the one "auto" chooses here (jax on a
+    TPU without tensorflow-tpu, as Colab's and Kaggle's; `tpukit.environment.engine_choice`).
 
     Raises:
         tpukit.engines.EngineUnavailableError: the engine's libraries are missing or out of range (the message
@@ -64,7 +65,7 @@ def start(engine: str) -> str:
     from tpukit.environment import quiet
     from tpukit.environment.backend import use_engine
 
-    use_engine(engine)
+    engine = use_engine(engine)
     quiet.configure()
     with quiet.start_up():
         engines.get(engine)  # TensorFlow, Keras (and JAX)

@@ -1,7 +1,7 @@
 """What the notebooks decide before training, as library code: run small or full, where outputs go, which recipe
 this runtime can read, with which engine's hardware.
 
-    ENGINE = tpukit.use_engine(tpukit.notebook.choose_engine())    # first, before anything imports Keras
+    ENGINE = tpukit.notebook.start("auto")                          # first, before anything imports Keras
     strategy = tpukit.notebook.connect(ENGINE)                      # None with the jax engine
     small = tpukit.notebook.choose_small(SMALL, strategy)           # None: small exactly when no TPU or GPU
     name, recipe = tpukit.notebook.first_available({"mnist_cnn": [...], "digits_cnn": [...]}, strategy, ENGINE)
@@ -18,6 +18,7 @@ import logging
 import os
 
 from tpukit.engines.tensorflow.checkpoint import newest_checkpoint_step
+from tpukit.environment import engine_choice
 from tpukit.recipe import Recipe, RecipeError, load_recipe
 from tpukit.runner import make_plan as plan
 
@@ -28,7 +29,10 @@ DRIVE_MOUNT = "/content/drive"
 
 def connect(engine: str = "tensorflow"):
     """The strategy the notebook passes on: `tpukit.connect()` with the TensorFlow engine; None with the jax
-    engine (it connects when it plans; connecting TensorFlow to the TPU would take it from JAX)."""
+    engine (it connects when it plans; connecting TensorFlow to the TPU would take it from JAX). "auto": the
+    engine `runtime.engine: auto` resolves to (`tpukit.environment.engine_choice`)."""
+    if engine == engine_choice.AUTO:
+        engine = engine_choice.resolve(engine).engine
     if engine == "jax":
         import jax
 
@@ -117,6 +121,7 @@ def output_dir(root: str, name: str, colab=None, engine: str = "tensorflow") -> 
         if colab is not None and root.startswith("gs://"):
             colab.auth.authenticate_user()
     path = root.rstrip("/") + "/" + name if root else os.path.join("runs", name)
+    engine = engine_choice.resolve(engine).engine if engine == engine_choice.AUTO else engine
     step = _newest_step(engine, path.rstrip("/") + "/checkpoints")
     persistent = "persistent" if root.startswith((DRIVE_MOUNT, "gs://")) else "this runtime's disk"
     resume = f"; resumes from step {step}" if step else ""

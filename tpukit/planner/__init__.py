@@ -136,6 +136,8 @@ class Plan:
     # data.skip_corrupt: {split: tpukit.data.CorruptReport} of the records the pipeline will drop
     corrupt: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
     engine: str = "tensorflow"
+    # Why this engine: the recipe's runtime.engine, or what `auto` found (`tpukit.environment.engine_choice`)
+    engine_reason: str = ""
     labels: Any = dataclasses.field(default=None, repr=False, compare=False)  # `DataFacts.labels`
     # Keys whose change since the run's recipe.yaml was accepted on resume: {key: (old, new)} (`changes.py`)
     accepted_changes: dict = dataclasses.field(default_factory=dict, compare=False)
@@ -161,7 +163,8 @@ class Plan:
     def describe(self) -> str:
         """The plan as the block the CLI logs once."""
         lines = [
-            f"recipe {self.recipe.path}, mode {self.mode}, engine {self.engine}",
+            f"recipe {self.recipe.path}, mode {self.mode}, engine {self.engine}"
+            + (f" ({self.engine_reason})" if self.engine_reason else ""),
             f"strategy {self.strategy_kind}: {self.replicas} replica(s), {self.input_pipelines} input pipeline(s)"
             + (
                 f", mesh data {self.mesh['data']} x model {self.mesh['model']}" if self.mesh else ""

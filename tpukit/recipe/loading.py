@@ -312,15 +312,15 @@ def load_recipe(name_or_path: str, overrides: list[str] | tuple[str, ...] = ()) 
 
 def requested_engine(name_or_path: str, overrides: list[str] | tuple[str, ...] = ()) -> str:
     """The `runtime.engine` a recipe (with its overrides) asks for, read without importing Keras, which fixes its
-    backend when first imported: the CLI sets KERAS_BACKEND from it. "tensorflow" when the recipe does not say or
-    cannot be read (`load_recipe` then reports why)."""
+    backend when first imported: the CLI sets KERAS_BACKEND from it (`tpukit.use_engine`, which resolves "auto").
+    "auto", the default, when the recipe does not say or cannot be read (`load_recipe` then reports why)."""
     try:
         _, raw = _raw_recipe(name_or_path, overrides)
     except RecipeError:
-        return "tensorflow"
+        return "auto"
     runtime = raw.get("runtime") if isinstance(raw, dict) else None
     engine = runtime.get("engine") if isinstance(runtime, dict) else None
-    return engine if engine in ("tensorflow", "jax") else "tensorflow"
+    return engine if engine in ("auto", "tensorflow", "jax") else "auto"
 
 
 def raw_recipe(name_or_path: str, overrides: list[str] | tuple[str, ...] = ()) -> tuple[str, Any]:

@@ -202,9 +202,12 @@ class RuntimeConfig:
     tpu_timeout_seconds: float = 600.0
     workers_timeout_seconds: float = 1800.0
     # Who trains: tensorflow (tf.distribute + Keras' TensorFlow trainer) or jax (Keras on JAX with
-    # keras.distribution: data and model parallelism). The backend is fixed when Keras is first imported: the CLI sets
-    # it from this key; in Python set KERAS_BACKEND=jax (or call tpukit.use_engine("jax")) before importing tpukit.
-    engine: Literal["tensorflow", "jax"] = "tensorflow"
+    # keras.distribution: data and model parallelism). auto, in order: the backend of a Keras this process imported
+    # already; tensorflow for a $TF_CONFIG cluster; on a TPU, tensorflow if tensorflow-tpu is installed, else jax
+    # (Colab, Kaggle, TPU VMs with jax[tpu]); tensorflow on GPUs and CPUs (tpukit/environment/engine_choice.py).
+    # The backend is fixed when Keras is first imported: the CLI sets it from this key; in Python call
+    # tpukit.use_engine("auto") (or "jax") before anything imports Keras.
+    engine: Literal["auto", "tensorflow", "jax"] = "auto"
     # The device mesh: `data` devices split the batch, `model` devices split each sharded weight (the jax engine
     # only). data: auto = every device not on the model axis. `mesh: auto` is {data: auto, model: 1}.
     mesh: dict[str, Any] | Literal["auto"] = dataclasses.field(
@@ -253,6 +256,13 @@ class Recipe:
         except RecipeError as error:
             raise RecipeError(f"{self.path}: {error}") from None
         return self
+
+    def with_engine(self, engine: str) -> Recipe:
+        """This recipe with `runtime.engine` set to `engine`: what a run trains with once `auto` is resolved
+        (`tpukit.environment.engine_choice`), so that the plan, the task and the engine read one engine."""
+        if self.runtime.engine == engine:
+            return self
+        return dataclasses.replace(self, runtime=dataclasses.replace(self.runtime, engine=engine))
 
     def to_dict(self) -> dict[str, Any]:
         """The recipe as plain YAML-able data, in the same shape as the file (used to save the resolved recipe)."""

@@ -21,7 +21,8 @@ Before any TPU hour is spent, each rule below passes, warns or fails, and a fail
 * `precision_step`: one step in the precision the TPU would use (`runtime.precision: auto` -> `mixed_bfloat16`)
   gives a finite loss, computes in bfloat16 and keeps float32 variables and float32 logits (as Keras' mixed
   policy does).
-* `mesh` (a recipe with `runtime.engine: jax` only, reported first): `runtime.mesh` fits the cores (`model`
+* `mesh` (a recipe the jax engine trains on the TPU only, reported first: `runtime.engine: jax`, or `auto` where no
+  TensorFlow TPU build is installed here, as on Colab and Kaggle): `runtime.mesh` fits the cores (`model`
   divides them; `data` x `model` is at most their number) and the global and eval batches divide by the `data`
   axis; `batch` then counts per `data` shard (each device of a shard sees its whole batch). The other rules still
   run on the TensorFlow backend, as a proxy for Keras on JAX (the same Keras model, XLA on this CPU), and `memory`
@@ -61,6 +62,7 @@ from typing import Any
 from tpukit.engines.keras import flops
 from tpukit.engines.tensorflow import compat, keras_private
 from tpukit.engines.tensorflow import flops as tf_flops
+from tpukit.environment import engine_choice
 from tpukit.planner import check_batch_sizes, eval_batch_size
 from tpukit.planner import hardware as performance
 from tpukit.planner.rules import PATH_SUFFIXES, Rule, Target, input_paths_rule  # noqa: F401
@@ -987,6 +989,8 @@ def check(
     """
     compat.check_tensorflow()
     recipe.validate()
+    # The engine a run on the TPU would train with (`auto`: as it resolves there).
+    recipe = recipe.with_engine(engine_choice.for_tpu(recipe.runtime.engine).engine)
     known = (*RULES, *RECIPE_RULES)
     wanted = tuple(rules or known)
     unknown = [r for r in wanted if r not in known]
@@ -1052,7 +1056,9 @@ def passed(rules: list[Rule]) -> bool:
 
 
 def header(recipe: Recipe, target: Target) -> str:
-    return f"tpukit check: {recipe.path} for {target.describe()}"
+    engine = engine_choice.for_tpu(recipe.runtime.engine)
+    chosen = f", {engine.describe()}" if recipe.runtime.engine == engine_choice.AUTO else ""
+    return f"tpukit check: {recipe.path} for {target.describe()}{chosen}"
 
 
 def format_report(
@@ -1204,6 +1210,7 @@ def _topology_main(args) -> int:
 
     try:
         recipe = load_recipe(args.recipe, args.set)
+        recipe = recipe.with_engine(engine_choice.for_tpu(recipe.runtime.engine).engine)
         result = tpu_check.check_topology(
             recipe,
             args.topology,

@@ -1,14 +1,15 @@
 """`python -m tpukit.smoke`: a few minutes on a TPU (or a CPU) through every path a recipe uses, then one report.
 
-    python -m tpukit.smoke                  # the strategy tpukit.connect() picks (TPU -> cluster -> GPUs -> CPU)
+    python -m tpukit.smoke                  # runtime.engine auto; tensorflow: tpukit.connect() (TPU -> GPUs -> CPU)
     python -m tpukit.smoke --tpu=local      # a TPU VM / Colab / Kaggle TPU, explicitly
     python -m tpukit.smoke --engine=jax --mesh_model=2   # Keras on JAX: every device, weights split over 2
     python -m tpukit.smoke --json           # the report as one JSON object
 
 A synthetic recipe (a small CNN on random 32x32 images; `smoke_recipe`) goes through the same public seams as
 `python -m tpukit.train` (`tpukit.plan`, `tpukit.run`, and the engine's `build/train/evaluate/export/report`), so
-nothing here is a second trainer. `--engine` picks the recipe's `runtime.engine`, and with it the Keras backend,
-which is set before anything imports Keras (this module imports no engine at the top). Paths, each passed or failed
+nothing here is a second trainer. `--engine` picks the recipe's `runtime.engine` (default auto, resolved as a run
+resolves it: `tpukit.environment.engine_choice`), and with it the Keras backend, which is set before anything imports
+Keras (this module imports no engine at the top). Paths, each passed or failed
 in the report:
 
 1. `connect`: the hardware. The tensorflow engine: the strategy `tpukit.connect(tpu)` returns, its replicas and (on
@@ -46,7 +47,7 @@ from typing import Any
 # Nothing here imports Keras, TensorFlow or JAX, nor an engine package (the tensorflow engine's sets the default
 # Keras backend when imported): the engines are imported inside the paths, after `use_engine` chose the backend.
 from tpukit import engines
-from tpukit.environment import diagnose
+from tpukit.environment import diagnose, engine_choice
 from tpukit.environment.backend import use_engine
 from tpukit.logs import enable_logging
 from tpukit.recipe import from_dict
@@ -260,15 +261,18 @@ def run_smoke(
         strategy: the tensorflow engine: a strategy to use instead of `tpukit.connect(tpu)` (tests pass a
             MirroredStrategy); the jax engine: a `tpukit.engines.jax.engine.Mesh` instead of the one
             `runtime.mesh` makes.
-        engine: `runtime.engine`, "tensorflow" or "jax". Keras' backend must be that engine's: the process has
-            not imported Keras yet, or imported it with that backend (else the `connect` path fails with the fix).
+        engine: `runtime.engine`, "tensorflow", "jax" or "auto" (`engine_choice.resolve`). Keras' backend must be
+            that engine's: the process has not imported Keras yet, or imported it with that backend (else the
+            `connect` path fails with the fix).
         mesh_data, mesh_model: `runtime.mesh` for the jax engine (data: "auto" = every device not on the model
             axis); the tensorflow engine ignores them.
     """
-    if engine not in ENGINES:
+    if engine not in (engine_choice.AUTO, *ENGINES):
         raise ValueError(
-            f"run_smoke: unknown engine; received engine={engine!r}, valid: {ENGINES}."
+            f"run_smoke: unknown engine; received engine={engine!r}, valid: {(engine_choice.AUTO, *ENGINES)}."
         )
+    choice = engine_choice.resolve(engine)
+    engine = choice.engine
     temporary = output_dir is None
     output_dir = output_dir or tempfile.mkdtemp(prefix="tpukit_smoke_")
     started = time.time()
@@ -279,7 +283,12 @@ def run_smoke(
         precision,
         {"data": mesh_data, "model": mesh_model} if engine == "jax" else None,
     )
-    report: dict[str, Any] = {"engine": engine, "versions": _versions(), "output_dir": output_dir}
+    report: dict[str, Any] = {
+        "engine": engine,
+        "engine_reason": choice.reason,
+        "versions": _versions(),
+        "output_dir": output_dir,
+    }
     try:
         _run_paths(smoke, report, output_dir, setting, strategy)
     finally:
@@ -533,7 +542,8 @@ def format_report(report: dict) -> str:
     """The shareable block: versions, device and topology, throughput and MFU, then PASS/FAIL per path."""
     lines = ["tpukit smoke report (paste this block into an issue)"]
     lines.append("  versions: " + ", ".join(f"{k} {v}" for k, v in report["versions"].items() if v))
-    lines.append(f"  engine: {report.get('engine', 'tensorflow')}")
+    reason = f" ({report['engine_reason']})" if report.get("engine_reason") else ""
+    lines.append(f"  engine: {report.get('engine', 'tensorflow')}{reason}")
     device = report.get("device")
     if device and device.get("mesh"):
         lines.append(
@@ -594,9 +604,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m tpukit.smoke") ->
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--engine",
-        default="tensorflow",
-        choices=ENGINES,
-        help="runtime.engine: tensorflow (tf.distribute) or jax (Keras on JAX over a device mesh)",
+        default=engine_choice.AUTO,
+        choices=(engine_choice.AUTO, *ENGINES),
+        help="runtime.engine: tensorflow (tf.distribute), jax (Keras on JAX over a device mesh) or auto (the "
+        "default: jax on a TPU without tensorflow-tpu, else tensorflow)",
     )
     parser.add_argument(
         "--tpu", default=None, help="a TPU name, grpc://host:port or 'local' (default: detect)"
@@ -624,9 +635,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m tpukit.smoke") ->
     )
     parser.add_argument("--json", action="store_true", help="print the report as one JSON object")
     args = parser.parse_args(argv)
-    if args.engine != "jax" and (args.mesh_data != "auto" or args.mesh_model != 1):
-        parser.error("--mesh_data and --mesh_model need --engine=jax")
-    problem = _start(args.engine)
+    engine = engine_choice.resolve(args.engine).engine  # before Keras loads: it sets the backend
+    if engine != "jax" and (args.mesh_data != "auto" or args.mesh_model != 1):
+        parser.error(f"--mesh_data and --mesh_model need --engine=jax; the engine is {engine}")
+    problem = _start(engine)
     if problem:
         print(f"tpukit: error: {problem}", file=sys.stderr)
         return 1
@@ -634,7 +646,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m tpukit.smoke") ->
         args.output_dir,
         args.tpu,
         args.precision,
-        engine=args.engine,
+        engine=args.engine,  # auto: the same decision, with its reason
         mesh_data=args.mesh_data,
         mesh_model=args.mesh_model,
     )

@@ -33,7 +33,7 @@ import time
 
 from tpukit.engines.tensorflow import compat, keras_private, waiting
 from tpukit.engines.tensorflow.waiting import WaitInterrupted
-from tpukit.environment import diagnose, quiet, versions
+from tpukit.environment import diagnose, engine_choice, quiet, versions
 from tpukit.logs import first_four, plural
 
 logger = logging.getLogger("tpukit")
@@ -102,10 +102,9 @@ def tpu_vm_present(env: dict[str, str] | None = None) -> bool:
 
 
 def tpu_vm_environment(env: dict[str, str]) -> bool:
-    """The environment-variable half of `tpu_vm_present`: Colab's, Kaggle's and GKE's TPU variables."""
-    if env.get("COLAB_TPU_1VM") == "1" or env.get("ISTPUVM") == "1":
-        return True
-    return bool(env.get("TPU_ACCELERATOR_TYPE") or env.get("TPU_WORKER_ID"))
+    """The environment-variable half of `tpu_vm_present`: Colab's, Kaggle's and GKE's TPU variables
+    (`tpukit.environment.engine_choice.tpu_environment`, which `runtime.engine: auto` shares)."""
+    return engine_choice.tpu_environment(env)
 
 
 def _gpu_count() -> int:
