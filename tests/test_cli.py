@@ -135,6 +135,23 @@ def test_show_prints_the_resolved_recipe_and_the_plan_on_the_jax_engine_and_writ
     assert cpp_lines(result.stderr) == []
 
 
+def test_show_on_a_tpu_without_tensorflow_tpu_plans_on_the_jax_engine_and_says_why(tmp_path):
+    """`runtime.engine: auto` (the recipe does not set it) on a faked Kaggle TPU runtime (ISTPUVM=1; JAX kept on
+    the CPU): the engine is chosen before Keras loads, and the plan's first line says which and why."""
+    result = tpukit(
+        "show", "digits_cnn", cwd=str(tmp_path), ISTPUVM="1", JAX_PLATFORMS="cpu", TPUKIT_JAX_COMPILATION_CACHE="0",
+        MPLCONFIGDIR=str(tmp_path / "mpl"),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "\n  engine: auto\n" in result.stdout  # the recipe, as written
+    assert (
+        "mode train_and_eval, engine jax (auto: a TPU is attached and no TensorFlow TPU build is installed)\n"
+        in result.stdout
+    )
+    assert "tpukit: engine jax, 1 replica on 1 CPU device" in result.stderr
+    assert set(os.listdir(tmp_path)) <= {"mpl"}  # nothing written (matplotlib's cache aside)
+
+
 @pytest.fixture
 def in_tmp(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

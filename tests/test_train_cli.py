@@ -11,6 +11,8 @@ import os
 import pytest
 from helpers import run_cli, train_in_process
 
+from tpukit.environment import engine_choice
+
 FAST = [
     "--set",
     "train.epochs=1",
@@ -53,6 +55,11 @@ def test_one_epoch_trains_evaluates_and_writes_every_output(trained):
     assert glob.glob(os.path.join(output_dir, "logs", "train", "events.out.tfevents.*"))
     # what the user reads: the chosen strategy, the batch split, a progress bar, the accuracy and the speed
     assert "tpukit: engine tensorflow, 1 replica on 1 CPU" in result.stderr
+    # runtime.engine: auto (the default), resolved as on this machine, with its reason in the plan and metrics.json
+    auto = engine_choice.choose(backend=None)
+    assert metrics["engine"] == auto.engine == "tensorflow", auto
+    assert metrics["engine_reason"] == auto.reason
+    assert f"{auto.describe()}\n" in result.stderr
     assert "global batch 32 = 1 replica(s) x 32 per replica" in result.stderr
     assert "44/44" in result.stdout
     assert (

@@ -93,8 +93,9 @@ def main(argv: list[str]) -> int:
     except RecipeError as error:
         print(f"tpukit: error: {error}", file=sys.stderr)
         return 2
-    # Keras fixes its backend when first imported: set it from the recipe's runtime.engine before anything imports
-    # Keras (the recipe's models and sources do), whatever KERAS_BACKEND the shell had.
+    # Keras fixes its backend when first imported: set it from the recipe's runtime.engine (`auto` resolved here,
+    # `tpukit.environment.engine_choice`) before anything imports Keras (the recipe's models and sources do),
+    # whatever KERAS_BACKEND the shell had.
     engine = use_engine(requested_engine(argv[1], overrides))
     problem = start_tool(engine)  # TensorFlow imported with its C++ start-up lines hidden
     if problem:
@@ -108,63 +109,74 @@ def main(argv: list[str]) -> int:
             return 2
         name = os.path.splitext(os.path.basename(recipe.path))[0]
         output_dir = FLAGS.output_dir or os.path.join("runs", name)
-        from tpukit.data import DataUnavailableError
-        from tpukit.engines.keras.trainer import TrainingDivergedError
-        from tpukit.engines.tensorflow.strategy import (
-            ClusterUnreachableError,
-            TPUConnectionError,
-            WaitInterrupted,
-        )
-        from tpukit.rundir import RunLockedError
-        from tpukit.runner import TrainingInterrupted, run
-
-        try:
-            metrics = run(
-                recipe,
-                output_dir,
-                mode=FLAGS.mode,
-                checkpoint=FLAGS.checkpoint,
-                accept_changes=FLAGS.accept_changes,
-                break_lock=FLAGS.break_lock,
-            )
-        except TrainingInterrupted as stopped:
-            print(f"{stopped}", file=sys.stderr)
-            return EXIT_INTERRUPTED
-        except (
-            WaitInterrupted
-        ) as stopped:  # SIGTERM or Ctrl-C while waiting for a TPU or the workers
-            print(f"{stopped}", file=sys.stderr)
-            return 128 + stopped.signum
-        except KeyboardInterrupt:
-            print(
-                "tpukit: stopped at once by Ctrl-C; the checkpoints saved before are kept in "
-                f"{output_dir}. Run the same command again to resume.",
-                file=sys.stderr,
-            )
-            return EXIT_INTERRUPTED
-        except (
-            TPUConnectionError,
-            ClusterUnreachableError,
-            TrainingDivergedError,
-            DataUnavailableError,
-            OutputDirError,
-            RunLockedError,
-        ) as error:
-            print(f"tpukit: error: {error}", file=sys.stderr)
-            return 1
-        except Exception as error:  # noqa: BLE001 - known environment errors get cause and fix, not a traceback
-            explanation = diagnose.explain(error)
-            if explanation is None:
-                raise
-            first = (str(error).strip().splitlines() or [""])[0][:300]
-            print(
-                f"tpukit: error: {type(error).__name__}: {first}\ntpukit: {explanation}",
-                file=sys.stderr,
-            )
-            return 1
+        metrics = _train(recipe, output_dir)
     except RecipeError as error:
         print(f"tpukit: error: {error}", file=sys.stderr)
         return 2
+    if isinstance(metrics, int):  # stopped, or an error that was printed
+        return metrics
+    return _report(metrics, output_dir)
+
+
+def _train(recipe, output_dir: str) -> dict | int:
+    """`tpukit.run` with the command's flags: the metrics, or the exit status of a stop or an error it printed
+    (a RecipeError is raised, for `main` to print)."""
+    from tpukit.data import DataUnavailableError
+    from tpukit.engines.keras.trainer import TrainingDivergedError
+    from tpukit.engines.tensorflow.strategy import (
+        ClusterUnreachableError,
+        TPUConnectionError,
+        WaitInterrupted,
+    )
+    from tpukit.rundir import RunLockedError
+    from tpukit.runner import TrainingInterrupted, run
+
+    try:
+        return run(
+            recipe,
+            output_dir,
+            mode=FLAGS.mode,
+            checkpoint=FLAGS.checkpoint,
+            accept_changes=FLAGS.accept_changes,
+            break_lock=FLAGS.break_lock,
+        )
+    except TrainingInterrupted as stopped:
+        print(f"{stopped}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except WaitInterrupted as stopped:  # SIGTERM or Ctrl-C while waiting for a TPU or the workers
+        print(f"{stopped}", file=sys.stderr)
+        return 128 + stopped.signum
+    except KeyboardInterrupt:
+        print(
+            "tpukit: stopped at once by Ctrl-C; the checkpoints saved before are kept in "
+            f"{output_dir}. Run the same command again to resume.",
+            file=sys.stderr,
+        )
+        return EXIT_INTERRUPTED
+    except (
+        TPUConnectionError,
+        ClusterUnreachableError,
+        TrainingDivergedError,
+        DataUnavailableError,
+        OutputDirError,
+        RunLockedError,
+    ) as error:
+        print(f"tpukit: error: {error}", file=sys.stderr)
+        return 1
+    except Exception as error:  # noqa: BLE001 - known environment errors get cause and fix, not a traceback
+        explanation = diagnose.explain(error)
+        if explanation is None:
+            raise
+        first = (str(error).strip().splitlines() or [""])[0][:300]
+        print(
+            f"tpukit: error: {type(error).__name__}: {first}\ntpukit: {explanation}",
+            file=sys.stderr,
+        )
+        return 1
+
+
+def _report(metrics: dict, output_dir: str) -> int:
+    """Prints the run's one-line summary (or how to resume a preempted run); returns the exit status."""
     if metrics["status"] == "preempted":
         print(
             f"tpukit: stopped by SIGTERM at step {metrics['step']} (checkpoint saved in {output_dir}); "

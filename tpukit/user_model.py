@@ -141,12 +141,9 @@ def fit(
             with validation, "validation"; tpukit shards it per host, batches, shuffles and pads eval.
         validation_data: `(x_val, y_val)` arrays, or True to read split "validation" from `dataset_fn`.
         validation_split: as in `keras.Model.fit`: this fraction of `x` and `y`, their last examples (taken before
-            any shuffling), is the validation data instead of training data. Arrays only; not with
-            `validation_data`.
-        epochs, batch_size: as in a recipe's `train.epochs` and `data.global_batch_size` (global, summed over
-            replicas).
-        learning_rate: `train.learning_rate`; None: the model's own optimizer if `model_fn` compiled one, else
-            Adam at 0.001.
+            any shuffling), is the validation data. Arrays only; not with `validation_data`.
+        epochs, batch_size: as in a recipe's `train.epochs` and `data.global_batch_size` (global).
+        learning_rate: `train.learning_rate`; None: the optimizer `model_fn` compiled, else Adam at 0.001.
         loss, metrics, loss_weights: as in `keras.Model.compile` (names, or Keras objects and functions; a dict by
             output name for several outputs). Default: the model's own compile, else the task's (inferred from
             the model and the labels, or `task=`). Metrics are compiled as weighted metrics, so evaluation is exact.
@@ -154,16 +151,16 @@ def fit(
         strategy: a `tf.distribute.Strategy` (default: `tpukit.connect()`).
         callbacks: extra Keras callbacks.
         name: the registered model/source name (default: model_fn's module and name).
-        accept_changes: recipe keys (e.g. `"train.learning_rate"`) whose values may differ from those the run in
-            `output_dir` was trained with (a call with other values is refused, naming them); see `tpukit.run`.
+        accept_changes: recipe keys that may differ from the run in `output_dir` (`tpukit.run`), e.g. `"train.epochs"`.
         break_lock: see `tpukit.run`.
+        **settings: any other key of a recipe's `data`, `train` or `runtime` section, e.g. `optimizer="adamw"`,
+            `steps_per_execution=8`, `precision="mixed_bfloat16"`, `task="binary"`, `engine="jax"` (default
+            `auto`: the backend of the Keras that built your model), and the model section's `init_weights`,
+            `freeze`, `lora_rank`.
 
     Raises:
         tpukit.TrainingInterrupted: Ctrl-C (a notebook's stop button) stopped training after the step in flight
             and saved a checkpoint; the cell stops with a one-line message, and running it again resumes.
-        **settings: any other key of a recipe's `data`, `train` or `runtime` section, e.g. `optimizer="adamw"`,
-            `steps_per_execution=8`, `checkpoint_every_steps=100`, `precision="mixed_bfloat16"`, `task="binary"`,
-            and the model section's `init_weights`, `freeze`, `lora_rank`.
     """
     from tpukit.runner import run
 
