@@ -18,6 +18,7 @@ import tensorflow_datasets as tfds
 from helpers import RECIPES, digits_recipe
 
 import tpukit
+from tpukit.environment import engine_choice
 from tpukit.recipe import RecipeError, from_dict
 from tpukit.tools import check as check_lib
 
@@ -179,7 +180,14 @@ def test_mesh_rule_on_the_jax_engine(mesh, batch, status, text):
 
 
 def test_no_mesh_rule_on_the_tensorflow_engine():
-    assert [r.name for r in check_lib.check(_digits(), rules=["batch"])] == ["batch"]
+    tensorflow = _digits(**{"runtime.engine": "tensorflow"})
+    assert [r.name for r in check_lib.check(tensorflow, rules=["batch"])] == ["batch"]
+
+
+def test_auto_is_checked_as_the_engine_a_run_on_the_tpu_picks():
+    """`runtime.engine: auto`: the jax engine on a TPU where no tensorflow-tpu is installed, so the mesh rule."""
+    expected = ["mesh", "batch"] if engine_choice.for_tpu("auto").engine == "jax" else ["batch"]
+    assert [r.name for r in check_lib.check(_digits(), rules=["batch"])] == expected
 
 
 def test_input_ops_fails_on_py_function_and_names_the_op():
@@ -302,7 +310,9 @@ def test_a_good_recipe_passes_every_rule_and_logs_each_line_once():
     logger.addHandler(said)
     logger.setLevel(logging.INFO)
     try:
-        results = check_lib.check(_digits(**{"data.global_batch_size": 1024}))
+        results = check_lib.check(
+            _digits(**{"data.global_batch_size": 1024, "runtime.engine": "tensorflow"})
+        )
     finally:
         logger.removeHandler(said)
         logger.setLevel(level)
@@ -334,7 +344,11 @@ def test_cli_report_json_and_exit_codes(capsys, tmp_path):
     assert check_lib.main([str(path), "--rule", "batch", "--rule", "input_paths"]) == 0
     out = capsys.readouterr().out
     # The header is the first line, once, before any rule's line.
-    assert out.startswith(f"tpukit check: {path} for 8 core(s) of TPU v5e")
+    # runtime.engine auto, as a run on that TPU would resolve it
+    auto = engine_choice.for_tpu("auto").describe()
+    first = out.splitlines()[0]
+    assert first.startswith(f"tpukit check: {path} for 8 core(s) of TPU v5e")
+    assert first.endswith(f", {auto}")
     assert out.count("tpukit check: ") == 1
     assert (
         "[WARN] batch" in out
@@ -344,7 +358,8 @@ def test_cli_report_json_and_exit_codes(capsys, tmp_path):
     argv = [str(path), "--set", "data.global_batch_size=96", "--rule", "batch", "--json"]
     assert check_lib.main(argv) == 1
     report = json.loads(capsys.readouterr().out)
-    assert report["ok"] is False and report["rules"][0]["status"] == "fail"
+    statuses = {rule["name"]: rule["status"] for rule in report["rules"]}
+    assert report["ok"] is False and statuses["batch"] == "fail"
     assert report["target"]["tpu_type"] == "v5e" and "proxy" in report["note"]
 
 

@@ -980,7 +980,8 @@ def engine_findings(
     """One line per engine: "ok" when it can run, else "skip" when the other can and "fail" when none can."""
     tensorflow = installed.get(_tensorflow_dist(installed) or "")
     how = {
-        "tensorflow": f"the default (runtime.engine: tensorflow); tensorflow {tensorflow}",
+        "tensorflow": f"runtime.engine: tensorflow (auto picks it except on a TPU without tensorflow-tpu); "
+        f"tensorflow {tensorflow}",
         "jax": f"`{JAX_ENGINE}` (runtime.engine: jax); jax {installed.get('jax')}, tf.data on tensorflow {tensorflow}",
     }
     unusable = "skip" if None in problems.values() else "fail"
