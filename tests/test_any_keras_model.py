@@ -7,6 +7,7 @@ import json
 import os
 import textwrap
 
+import faults
 import keras
 import numpy as np
 import pytest
@@ -194,13 +195,11 @@ def test_keras_io_models_train_through_fit_as_in_plain_keras_and_export(tmp_path
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(CASES))
-def test_keras_io_models_resume_after_sigterm_to_the_same_weights(
-    tmp_path, examples, name, monkeypatch
-):
+def test_keras_io_models_resume_after_sigterm_to_the_same_weights(tmp_path, examples, name):
     whole = _fit(examples, name, tmp_path / "whole", steps_per_execution=2)
-    monkeypatch.setenv("TPUKIT_TEST_SIGTERM_AT_STEP", "6")
-    assert _fit(examples, name, tmp_path / "cut", steps_per_execution=2)["status"] == "preempted"
-    monkeypatch.delenv("TPUKIT_TEST_SIGTERM_AT_STEP")
+    with faults.signals_at_step(6):
+        cut = _fit(examples, name, tmp_path / "cut", steps_per_execution=2)
+    assert cut["status"] == "preempted"
     resumed = _fit(examples, name, tmp_path / "cut", steps_per_execution=2)
     assert resumed["resumed_from_step"] == 6 and resumed["status"] == "done"
     assert resumed["eval"]["loss"] == pytest.approx(whole["eval"]["loss"], abs=1e-6)

@@ -4,6 +4,7 @@ import glob
 import json
 import zipfile
 
+import faults
 import pytest
 from conftest import mirrored
 from helpers import digits_recipe
@@ -253,9 +254,8 @@ def test_a_resumed_run_and_eval_mode_choose_xla_as_the_recipes_training_did(tmp_
     from tpukit.planner import hardware
 
     lm = _tiny_lm(eval_split="test", epochs=2)  # 8 steps
-    monkeypatch.setenv("TPUKIT_TEST_SIGTERM_AT_STEP", "4")
-    assert run(lm, str(tmp_path))["status"] == "preempted"
-    monkeypatch.delenv("TPUKIT_TEST_SIGTERM_AT_STEP")
+    with faults.signals_at_step(4):
+        assert run(lm, str(tmp_path))["status"] == "preempted"
     resumed = run(lm, str(tmp_path))
     evaluated = run(lm, str(tmp_path), mode="eval")
     assert resumed["resumed_from_step"] == 4 and resumed["step"] == 8

@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 
+import faults
 import keras
 import numpy as np
 import pytest
@@ -33,14 +34,9 @@ def _checkpoints(directory):
     return sorted(os.listdir(os.path.join(directory, "checkpoints")))
 
 
-def _stopped_at(tmp_path, monkeypatch, step=5, signals="SIGTERM", **overrides):
-    monkeypatch.setenv("TPUKIT_TEST_SIGTERM_AT_STEP", str(step))
-    monkeypatch.setenv("TPUKIT_TEST_SIGNALS", signals)
-    try:
+def _stopped_at(tmp_path, step=5, signals="SIGTERM", **overrides):
+    with faults.signals_at_step(step, signals):
         return run(recipe(**overrides), str(tmp_path))
-    finally:
-        monkeypatch.delenv("TPUKIT_TEST_SIGTERM_AT_STEP")
-        monkeypatch.delenv("TPUKIT_TEST_SIGNALS")
 
 
 def test_a_directory_in_use_is_refused_before_anything_is_written(tmp_path):
@@ -70,8 +66,8 @@ def test_a_damaged_metrics_json_does_not_stop_the_rerun_of_a_finished_run(tmp_pa
     assert json.loads((tmp_path / "metrics.json").read_text())["step"] == 12  # whole again
 
 
-def test_a_damaged_recipe_yaml_is_survived_with_a_warning(tmp_path, monkeypatch, caplog):
-    _stopped_at(tmp_path, monkeypatch)
+def test_a_damaged_recipe_yaml_is_survived_with_a_warning(tmp_path, caplog):
+    _stopped_at(tmp_path)
     (tmp_path / "recipe.yaml").write_text("model: [unclosed")
     with caplog.at_level(logging.WARNING, "tpukit"):
         metrics = run(recipe(), str(tmp_path))
@@ -80,8 +76,8 @@ def test_a_damaged_recipe_yaml_is_survived_with_a_warning(tmp_path, monkeypatch,
     assert "train:" in (tmp_path / "recipe.yaml").read_text()  # rewritten whole
 
 
-def test_a_changed_recipe_is_refused_on_resume_and_accepted_by_name(tmp_path, monkeypatch):
-    assert _stopped_at(tmp_path, monkeypatch)["status"] == "preempted"
+def test_a_changed_recipe_is_refused_on_resume_and_accepted_by_name(tmp_path):
+    assert _stopped_at(tmp_path)["status"] == "preempted"
     before = (_checkpoints(tmp_path), (tmp_path / "recipe.yaml").read_text())
     changed = recipe(**{"train.learning_rate": 0.01, "data.global_batch_size": 64, "train.seed": 3})
     with pytest.raises(RecipeError) as refused:
@@ -119,16 +115,16 @@ def test_a_changed_recipe_is_refused_on_resume_and_accepted_by_name(tmp_path, mo
     )  # the accepted recipe is the run's recipe now: no change left to refuse
 
 
-def test_runtime_changes_resume_without_a_question(tmp_path, monkeypatch):
-    _stopped_at(tmp_path, monkeypatch)
+def test_runtime_changes_resume_without_a_question(tmp_path):
+    _stopped_at(tmp_path)
     metrics = run(
         recipe(**{"runtime.checkpoint_every_steps": 3, "runtime.verbose": 2}), str(tmp_path)
     )
     assert metrics["status"] == "done" and metrics["resumed_from_step"] == 5
 
 
-def test_the_cli_refuses_a_changed_recipe_with_exit_2_and_the_flag(tmp_path, monkeypatch):
-    _stopped_at(tmp_path, monkeypatch)
+def test_the_cli_refuses_a_changed_recipe_with_exit_2_and_the_flag(tmp_path):
+    _stopped_at(tmp_path)
     args = [
         "recipes/digits_cnn.yaml",
         f"--output_dir={tmp_path}",
@@ -183,9 +179,9 @@ def test_ctrl_c_finishes_the_step_saves_and_a_rerun_resumes(tmp_path):
     )
 
 
-def test_a_second_ctrl_c_stops_at_once_without_saving(tmp_path, monkeypatch):
+def test_a_second_ctrl_c_stops_at_once_without_saving(tmp_path):
     with pytest.raises(KeyboardInterrupt) as stopped:
-        _stopped_at(tmp_path, monkeypatch, step=5, signals="SIGINT,SIGINT")
+        _stopped_at(tmp_path, step=5, signals="SIGINT,SIGINT")
     assert not isinstance(stopped.value, TrainingInterrupted)
     assert _checkpoints(tmp_path)[-1] != "ckpt-5.index"  # nothing saved at the stop
     assert not os.path.exists(tmp_path / rundir.LOCK_NAME)  # the lock went with the run
@@ -193,27 +189,25 @@ def test_a_second_ctrl_c_stops_at_once_without_saving(tmp_path, monkeypatch):
     assert run(recipe(), str(tmp_path))["status"] == "done"
 
 
-def test_the_cli_exits_130_on_ctrl_c_with_one_line(tmp_path, monkeypatch):
-    monkeypatch.setenv("TPUKIT_TEST_SIGTERM_AT_STEP", "5")
-    monkeypatch.setenv("TPUKIT_TEST_SIGNALS", "SIGINT")
+def test_the_cli_exits_130_on_ctrl_c_with_one_line(tmp_path):
     args = [
         "digits_cnn",
         f"--output_dir={tmp_path}",
         "--set=train.steps_per_epoch=12",
         "--set=train.epochs=1",
     ]
-    result = train_in_process(*args, "--set=runtime.verbose=0")
+    with faults.signals_at_step(5, "SIGINT"):
+        result = train_in_process(*args, "--set=runtime.verbose=0")
     assert result.returncode == 130 and "Traceback" not in result.stderr
     assert "tpukit: stopped by Ctrl-C at step 5" in result.stderr
-    monkeypatch.setenv("TPUKIT_TEST_SIGNALS", "SIGINT,SIGINT")
-    monkeypatch.setenv("TPUKIT_TEST_SIGTERM_AT_STEP", "8")
-    result = train_in_process(*args, "--set=runtime.verbose=0")
+    with faults.signals_at_step(8, "SIGINT,SIGINT"):
+        result = train_in_process(*args, "--set=runtime.verbose=0")
     assert result.returncode == 130 and "Traceback" not in result.stderr
     assert "stopped at once by Ctrl-C" in result.stderr
 
 
-def test_a_changed_resolved_precision_is_refused_and_accepted_by_name(tmp_path, monkeypatch):
-    _stopped_at(tmp_path, monkeypatch, **{"runtime.precision": "float32"})
+def test_a_changed_resolved_precision_is_refused_and_accepted_by_name(tmp_path):
+    _stopped_at(tmp_path, **{"runtime.precision": "float32"})
     with pytest.raises(RecipeError) as refused:
         run(recipe(**{"runtime.precision": "mixed_bfloat16"}), str(tmp_path))
     assert "runtime.precision: 'float32' -> 'mixed_bfloat16'" in str(refused.value)
@@ -225,8 +219,8 @@ def test_a_changed_resolved_precision_is_refused_and_accepted_by_name(tmp_path, 
     assert metrics["status"] == "done" and metrics["precision"] == "mixed_bfloat16"
 
 
-def test_an_unfinished_checkpoint_save_is_cleared_by_the_next_run(tmp_path, monkeypatch):
-    _stopped_at(tmp_path, monkeypatch)
+def test_an_unfinished_checkpoint_save_is_cleared_by_the_next_run(tmp_path):
+    _stopped_at(tmp_path)
     leftover = (
         tmp_path / "checkpoints" / "ckpt-6_temp"
     )  # a save killed half-way (SIGKILL, a second Ctrl-C)

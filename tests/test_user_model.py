@@ -4,6 +4,7 @@
 import json
 import textwrap
 
+import faults
 import numpy as np
 import pytest
 from conftest import mirrored
@@ -66,16 +67,14 @@ def user_recipe(**train):
 
 @pytest.mark.parametrize("replicas", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_a_user_model_and_source_by_module_path_train_and_resume_after_sigterm(
-    tmp_path, user_package, monkeypatch, replicas
+    tmp_path, user_package, replicas
 ):
     strategy = mirrored(2) if replicas == 2 else None
     whole = tpukit.run(user_recipe(), str(tmp_path / "whole"), strategy=strategy)
     assert whole["step"] == 16 and whole["eval_examples"] == 256 and whole["eval"]["accuracy"] > 0.6
-    monkeypatch.setenv("TPUKIT_TEST_SIGTERM_AT_STEP", "5")
-    assert (
-        tpukit.run(user_recipe(), str(tmp_path / "cut"), strategy=strategy)["status"] == "preempted"
-    )
-    monkeypatch.delenv("TPUKIT_TEST_SIGTERM_AT_STEP")
+    with faults.signals_at_step(5):
+        cut = tpukit.run(user_recipe(), str(tmp_path / "cut"), strategy=strategy)
+    assert cut["status"] == "preempted"
     resumed = tpukit.run(user_recipe(), str(tmp_path / "cut"), strategy=strategy)
     assert resumed["resumed_from_step"] == 5 and resumed["step"] == 16
     # The saved recipe names the importable functions, so `python -m tpukit.train` can rerun it.
@@ -132,7 +131,7 @@ def build():
 
 
 @pytest.mark.parametrize("replicas", [1, pytest.param(2, marks=pytest.mark.slow)])
-def test_fit_trains_your_model_on_arrays_and_resumes_after_sigterm(tmp_path, monkeypatch, replicas):
+def test_fit_trains_your_model_on_arrays_and_resumes_after_sigterm(tmp_path, replicas):
     x, y = _arrays()
     strategy = mirrored(2) if replicas == 2 else None
     kwargs = dict(
@@ -151,11 +150,9 @@ def test_fit_trains_your_model_on_arrays_and_resumes_after_sigterm(tmp_path, mon
     # eval loss is exact although 100 examples take 2 steps (the second completed with zero-weight examples) in an
     # execution of 4 that ends early where the finite pass ends
     assert whole["eval"]["loss"] == pytest.approx(whole["eval"]["cross_entropy"], abs=1e-5)
-    monkeypatch.setenv("TPUKIT_TEST_SIGTERM_AT_STEP", "4")
-    assert (
-        tpukit.fit(build, x, y, output_dir=str(tmp_path / "cut"), **kwargs)["status"] == "preempted"
-    )
-    monkeypatch.delenv("TPUKIT_TEST_SIGTERM_AT_STEP")
+    with faults.signals_at_step(4):
+        cut = tpukit.fit(build, x, y, output_dir=str(tmp_path / "cut"), **kwargs)
+    assert cut["status"] == "preempted"
     resumed = tpukit.fit(build, x, y, output_dir=str(tmp_path / "cut"), **kwargs)
     assert resumed["resumed_from_step"] == 4 and resumed["step"] == 16
     assert resumed["eval"]["accuracy"] == pytest.approx(whole["eval"]["accuracy"], abs=1e-6)

@@ -2,6 +2,7 @@
 
 import dataclasses
 
+import faults
 import keras
 import pytest
 from conftest import mirrored
@@ -48,13 +49,11 @@ def test_the_plan_on_two_replicas_and_without_evaluation(tmp_path):
     assert plan.eval_steps is None and not plan.evaluating and plan.eval_examples == 0
 
 
-def test_auto_steps_per_execution_stays_auto_in_the_plan_and_is_one_in_eval_mode(
-    tmp_path, monkeypatch
-):
+def test_auto_steps_per_execution_stays_auto_in_the_plan_and_is_one_in_eval_mode(tmp_path):
     auto = recipe(**{"runtime.steps_per_execution": "auto"})
     assert tpukit.plan(auto, output_dir=str(tmp_path)).steps_per_execution == "auto"
-    monkeypatch.setenv("TPUKIT_TEST_SIGTERM_AT_STEP", "3")
-    tpukit.run(recipe(), str(tmp_path))  # a checkpoint to evaluate
+    with faults.signals_at_step(3):
+        tpukit.run(recipe(), str(tmp_path))  # a checkpoint to evaluate
     evaluating = tpukit.plan(auto, mode="eval", output_dir=str(tmp_path))
     assert evaluating.steps_per_execution == 1 and evaluating.eval_steps == 12
 
@@ -98,10 +97,10 @@ def test_every_recipe_error_is_raised_by_the_plan(tmp_path, overrides, mode, str
 
 
 def test_the_plan_reads_the_resume_step_and_refuses_a_steps_per_execution_that_cannot_resume(
-    tmp_path, monkeypatch
+    tmp_path,
 ):
-    monkeypatch.setenv("TPUKIT_TEST_SIGTERM_AT_STEP", "5")
-    assert tpukit.run(recipe(), str(tmp_path))["status"] == "preempted"
+    with faults.signals_at_step(5):
+        assert tpukit.run(recipe(), str(tmp_path))["status"] == "preempted"
     assert tpukit.plan(recipe(), output_dir=str(tmp_path)).resume_step == 5
     with pytest.raises(
         RecipeError, match="does not divide the 39 steps left in the epoch this run resumes at"

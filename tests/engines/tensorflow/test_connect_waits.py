@@ -21,6 +21,7 @@ import threading
 import time
 from unittest import mock
 
+import faults
 import pytest
 import tensorflow as tf
 from helpers import REPO, finish_processes, free_ports, run_cli, train_in_process
@@ -266,7 +267,7 @@ def test_a_placeholder_listens_drains_and_frees_its_port():
 
 
 def test_wait_until_logs_its_progress_and_gives_up_at_the_timeout(monkeypatch):
-    monkeypatch.setenv("TPUKIT_TEST_WAIT_LOG_SECONDS", "0.2")
+    monkeypatch.setattr(waiting, "LOG_INTERVAL_SECONDS", 0.2)
     with mock.patch.object(waiting.logger, "info") as info:
         started = time.monotonic()
         done, progress, elapsed = waiting.wait_until(
@@ -338,7 +339,7 @@ def test_call_bounded_returns_raises_and_times_out(monkeypatch):
     assert waiting.call_bounded(lambda: 42, 5, "the answer") == 42
     with pytest.raises(KeyError, match="lost"):
         waiting.call_bounded(lambda: {}["lost"], 5, "a lookup")
-    monkeypatch.setenv("TPUKIT_TEST_WAIT_LOG_SECONDS", "0.2")
+    monkeypatch.setattr(waiting, "LOG_INTERVAL_SECONDS", 0.2)
     release = threading.Event()
     with mock.patch.object(waiting.logger, "info") as info:
         started = time.monotonic()
@@ -498,7 +499,7 @@ def test_a_tpu_that_never_answers_ends_at_the_timeout_with_progress_lines_cause_
             f"grpc://127.0.0.1:{port}",
             "--set",
             "runtime.tpu_timeout_seconds=5",
-            env=dict(os.environ, TPUKIT_TEST_WAIT_LOG_SECONDS="1"),
+            env=dict(os.environ, **faults.env(wait_log_seconds=1)),
             timeout=120,
         )
         took = time.monotonic() - started
@@ -541,7 +542,7 @@ def _start_worker(index, workers, output_dir, log_path, *extra):
         TF_CPP_MIN_LOG_LEVEL="2",
         KERAS_BACKEND="tensorflow",
         CUDA_VISIBLE_DEVICES="",
-        TPUKIT_TEST_WAIT_LOG_SECONDS="2",
+        **faults.env(wait_log_seconds=2),
     )
     command = [
         sys.executable,

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 
+import faults
 import pytest
 from helpers import start_workers
 
@@ -129,7 +130,7 @@ def test_sigterm_on_one_worker_stops_every_worker_at_the_same_step_and_all_resum
     )
 
     codes = start_workers(
-        tmp_path, args, env_for=lambda i: {"TPUKIT_TEST_SIGTERM_AT_STEP": "10"} if i == 1 else {}
+        tmp_path, args, env_for=lambda i: faults.env(signals_at_step=10) if i == 1 else {}
     )
     logs = [(tmp_path / f"worker{i}.log").read_text() for i in range(2)]
     assert codes == [143, 143], logs[0][-3000:] + logs[1][-3000:]

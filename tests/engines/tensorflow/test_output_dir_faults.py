@@ -6,6 +6,7 @@ import glob
 import os
 import subprocess
 
+import faults
 import pytest
 import tensorflow as tf
 from helpers import run_cli
@@ -84,7 +85,7 @@ def test_a_disk_that_turned_read_only_stops_the_rerun_cleanly_and_keeps_the_chec
         "--set",
         "runtime.verbose=0",
     ]
-    env = dict(os.environ, TPUKIT_TEST_SIGTERM_AT_STEP="25")
+    env = dict(os.environ, **faults.env(signals_at_step=25))
     assert run_cli(*args, env=env).returncode == 143
     subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
     before = {

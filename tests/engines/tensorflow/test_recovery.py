@@ -10,6 +10,7 @@ import json
 import logging
 import os
 
+import faults
 import keras
 import numpy as np
 import pytest
@@ -145,15 +146,14 @@ def test_a_resume_reads_only_the_batches_already_trained_in_its_epoch():
 
 
 @pytest.mark.slow  # a SIGTERM resume stays in the default tier: tests/test_user_model.py
-def test_a_sigterm_resume_in_a_later_epoch_continues_that_epochs_order(tmp_path, monkeypatch):
+def test_a_sigterm_resume_in_a_later_epoch_continues_that_epochs_order(tmp_path):
     # Step 60 is in epoch 2: the resumed pipeline starts at epoch 2's own shuffle (seeded by (seed, 2)) and skips the
     # 16 batches already trained in it, instead of replaying from step 0; the weights equal an uninterrupted run's.
     # (data.deterministic keeps tf.data's parallel map order fixed, so the comparison is exact.)
     overrides = {"train.epochs": 3, "data.deterministic": True}
     run(recipe(**overrides), str(tmp_path / "whole"))
-    monkeypatch.setenv("TPUKIT_TEST_SIGTERM_AT_STEP", "60")
-    assert run(recipe(**overrides), str(tmp_path / "cut"))["status"] == "preempted"
-    monkeypatch.delenv("TPUKIT_TEST_SIGTERM_AT_STEP")
+    with faults.signals_at_step(60):
+        assert run(recipe(**overrides), str(tmp_path / "cut"))["status"] == "preempted"
     assert run(recipe(**overrides), str(tmp_path / "cut"))["resumed_from_step"] == 60
     whole = keras.saving.load_model(str(tmp_path / "whole" / "model.keras")).get_weights()
     cut = keras.saving.load_model(str(tmp_path / "cut" / "model.keras")).get_weights()
@@ -274,7 +274,7 @@ EARLY = {
 
 @pytest.mark.parametrize("checkpoint_every_steps", [None, pytest.param(22, marks=pytest.mark.slow)])
 def test_early_stopping_survives_a_restart_and_a_stopped_run_stays_stopped(
-    tmp_path, monkeypatch, checkpoint_every_steps
+    tmp_path, checkpoint_every_steps
 ):
     # lr 0: val_loss never improves, so patience 1 stops at the end of epoch 2 (step 88) in an uninterrupted run.
     # With checkpoints every 22 steps, a periodic save lands on each epoch's last step, before early stopping's
@@ -285,11 +285,8 @@ def test_early_stopping_survives_a_restart_and_a_stopped_run_stays_stopped(
         return recipe(**overrides, **more)
 
     assert run(recipe_(), str(tmp_path / "whole"))["step"] == 88
-    monkeypatch.setenv(
-        "TPUKIT_TEST_SIGTERM_AT_STEP", "50"
-    )  # in epoch 2, after epoch 1 set the best value
-    assert run(recipe_(), str(tmp_path / "cut"))["status"] == "preempted"
-    monkeypatch.delenv("TPUKIT_TEST_SIGTERM_AT_STEP")
+    with faults.signals_at_step(50):  # in epoch 2, after epoch 1 set the best value
+        assert run(recipe_(), str(tmp_path / "cut"))["status"] == "preempted"
     best = tmp_path / "cut" / "best.keras"
     written = best.stat().st_mtime_ns
     resumed = run(recipe_(), str(tmp_path / "cut"))

@@ -15,6 +15,7 @@ epoch pay it. Two independent counts, both through the public `callbacks=` seam 
 
 import types
 
+import faults
 import keras
 import pytest
 import tensorflow as tf
@@ -120,16 +121,13 @@ def check_traced_once(counter: TraceCounter, metrics: dict, replicas: int) -> No
 
 @pytest.mark.parametrize("replicas", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_one_trace_per_run_across_epochs_validation_checkpoints_and_a_resumed_run(
-    tmp_path, monkeypatch, replicas
+    tmp_path, replicas
 ):
     # 2 replicas at steps_per_execution 4 run tpukit's own loop (tpukit.loop, keras-team/keras#19246).
     strategy = mirrored(2) if replicas == 2 else None
-    monkeypatch.setenv(
-        "TPUKIT_TEST_SIGTERM_AT_STEP", "50"
-    )  # a real SIGTERM in epoch 2, after checkpoints at 8, 16..
     first = TraceCounter()
-    preempted = run(recipe(4), str(tmp_path), strategy=strategy, callbacks=[first])
-    monkeypatch.delenv("TPUKIT_TEST_SIGTERM_AT_STEP")
+    with faults.signals_at_step(50):  # a real SIGTERM in epoch 2, after checkpoints at 8, 16..
+        preempted = run(recipe(4), str(tmp_path), strategy=strategy, callbacks=[first])
     assert preempted["status"] == "preempted" and preempted["step"] == 52
     # epoch 1, its validation, 6 checkpoints, the start of epoch 2: one trace (run once per replica)
     assert first.traces == {"train_step": replicas, "test_step": replicas}, first.traces

@@ -5,6 +5,7 @@ real training process."""
 import json
 import os
 
+import faults
 import keras
 import numpy as np
 import pytest
@@ -50,7 +51,7 @@ def test_sigterm_mid_epoch_saves_and_the_rerun_matches_an_uninterrupted_run(tmp_
     assert run_cli("recipes/digits_cnn.yaml", "--output_dir", whole, *SIGTERM_ARGS).returncode == 0
 
     env = dict(
-        os.environ, TPUKIT_TEST_SIGTERM_AT_STEP="30"
+        os.environ, **faults.env(signals_at_step=30)
     )  # a real SIGTERM, sent at step 30 of 88
     first = run_cli("recipes/digits_cnn.yaml", "--output_dir", interrupted, *SIGTERM_ARGS, env=env)
     assert first.returncode == 143, first.stderr[-2000:]
@@ -187,12 +188,9 @@ def test_profile_steps_records_a_profiler_trace(tmp_path):
     assert len(traces) == 1
 
 
-def test_resuming_mid_epoch_with_a_steps_per_execution_that_does_not_fit_is_refused(
-    tmp_path, monkeypatch
-):
-    monkeypatch.setenv("TPUKIT_TEST_SIGTERM_AT_STEP", "5")
-    assert run(recipe(), str(tmp_path))["status"] == "preempted"
-    monkeypatch.delenv("TPUKIT_TEST_SIGTERM_AT_STEP")
+def test_resuming_mid_epoch_with_a_steps_per_execution_that_does_not_fit_is_refused(tmp_path):
+    with faults.signals_at_step(5):
+        assert run(recipe(), str(tmp_path))["status"] == "preempted"
     with pytest.raises(RecipeError) as info:
         run(recipe(**{"runtime.steps_per_execution": 2}), str(tmp_path))
     assert "does not divide the 39 steps left in the epoch this run resumes at (step 5)" in str(
@@ -302,9 +300,7 @@ def test_a_nan_late_in_a_short_run_rolls_back_with_the_default_checkpoint_cadenc
     assert metrics["nan_skipped_examples"] > 0
 
 
-def test_checkpoint_every_steps_keeps_its_cadence_across_a_resume_at_a_step_never_saved(
-    tmp_path, monkeypatch
-):
+def test_checkpoint_every_steps_keeps_its_cadence_across_a_resume_at_a_step_never_saved(tmp_path):
     # SIGTERM at step 30 saves ckpt-30; the rerun's partial epoch ends at 44 without a save (tight bound), and the
     # next fit segment must count from 30 (the last checkpoint), not from 44: saves at 0, 30, 70, 110, 132.
     settings = {
@@ -313,9 +309,8 @@ def test_checkpoint_every_steps_keeps_its_cadence_across_a_resume_at_a_step_neve
         "runtime.checkpoint_max_overhead": 1e-6,
         "runtime.max_checkpoints_to_keep": 20,
     }
-    monkeypatch.setenv("TPUKIT_TEST_SIGTERM_AT_STEP", "30")
-    assert run(recipe(**settings), str(tmp_path))["status"] == "preempted"
-    monkeypatch.delenv("TPUKIT_TEST_SIGTERM_AT_STEP")
+    with faults.signals_at_step(30):
+        assert run(recipe(**settings), str(tmp_path))["status"] == "preempted"
     assert run(recipe(**settings), str(tmp_path))["step"] == 132
     assert _checkpoint_steps(tmp_path) == [0, 30, 70, 110, 132]
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import os
 import signal
 import threading
 import time
@@ -42,11 +41,6 @@ from tpukit import rundir
 from tpukit.engines.keras import keras_private
 
 logger = logging.getLogger("tpukit")
-
-# For tests: deliver a real SIGTERM to this process once the step counter reaches this value; with
-# TPUKIT_TEST_SIGNALS="SIGINT,SIGINT" those signals instead, one after the other (each handled before the next).
-_TEST_SIGTERM_AT_STEP = "TPUKIT_TEST_SIGTERM_AT_STEP"
-_TEST_SIGNALS = "TPUKIT_TEST_SIGNALS"
 
 
 class TrainingDivergedError(RuntimeError):
@@ -80,7 +74,6 @@ class TrainingGuard(keras.callbacks.Callback):
         )
         self._signal: str | None = None
         self._previous_handlers: dict = {}
-        self._sigterm_at = int(os.environ.get(_TEST_SIGTERM_AT_STEP, "0") or 0)
         self._agree = None
 
     # -- signals ---------------------------------------------------------------------------------------------------
@@ -144,13 +137,6 @@ class TrainingGuard(keras.callbacks.Callback):
             self.diverged_at = step
             self.model.stop_training = True
             return
-        if self._sigterm_at and step >= self._sigterm_at:
-            self._sigterm_at = 0
-            for name in os.environ.get(_TEST_SIGNALS, "SIGTERM").split(","):
-                os.kill(os.getpid(), signal.Signals[name.strip()])
-                time.sleep(
-                    0.01
-                )  # Python runs the handler at the next instruction, before the next signal
         if self._agree is not None:
             # A preempted host gets SIGTERM alone while the others wait in its collectives: every worker learns of
             # it at the same execution, so all save the same step and stop together.
@@ -269,15 +255,8 @@ def fit_with_recovery(
     def outcome(status):
         return Outcome(status, history, rollbacks, int(state.skipped_steps.numpy()))
 
-    if bool(state.stopped_early.numpy()):
-        logger.info(
-            "tpukit: this run stopped early at step %d; nothing left to train", checkpointer.step
-        )
+    if not _ready(checkpointer, total):
         return outcome("early_stopped")
-    if checkpointer.step < total and checkpointer.manager.latest_checkpoint is None:
-        # The initial weights, before fit: a NaN rollback always has a checkpoint to go back to, and with
-        # checkpoint_max_overhead the first epoch-end save need not happen inside the training loop.
-        checkpointer.save()
     while checkpointer.step < total:
         guard = TrainingGuard(
             checkpointer, checkpoint_every_steps, checkpoint_max_overhead, last_step=total
@@ -297,22 +276,13 @@ def fit_with_recovery(
             )
         except BaseException as error:  # re-raised unless the engine can run the segment otherwise
             guard._restore_handlers()  # Keras ends `fit` on an error without `on_train_end`
-            if (
-                not isinstance(error, Exception)
-                or on_compile_failure is None
-                or checkpointer.step != step_before
-                or not on_compile_failure(error)
-            ):
+            if not _runs_again(error, on_compile_failure, checkpointer.step != step_before):
                 raise
             on_compile_failure = None  # once
             continue
         for key, values in result.history.items():
             history.setdefault(key, []).extend(float(v) for v in values)
-        if checkpointer.step >= total and guard.diverged_at is None and not guard.preempted:
-            guard.save_final()  # weights that are not finite set diverged_at: rolled back below
-            if guard._sigterm and guard.diverged_at is None:
-                # The signal came after the last step: training is saved, and the run stops before evaluating.
-                guard.preempted, guard.stopped_by = True, guard._signal or "SIGTERM"
+        _finish(guard, checkpointer, total)
         if guard.diverged_at is not None:
             rollbacks += 1
             _roll_back(checkpointer, guard.diverged_at, rollbacks, max_nan_retries)
@@ -322,6 +292,44 @@ def fit_with_recovery(
         if model.stop_training:  # a callback (early stopping) ended the run
             return outcome("early_stopped")
     return outcome("done")
+
+
+def _ready(checkpointer, total: int) -> bool:
+    """False when the run stopped early already (nothing left to train). Else a new run saves its initial weights
+    before fit: a NaN rollback always has a checkpoint to go back to, and with checkpoint_max_overhead the first
+    epoch-end save need not happen inside the training loop."""
+    if bool(checkpointer.state.stopped_early.numpy()):
+        logger.info(
+            "tpukit: this run stopped early at step %d; nothing left to train", checkpointer.step
+        )
+        return False
+    if checkpointer.step < total and checkpointer.manager.latest_checkpoint is None:
+        checkpointer.save()
+    return True
+
+
+def _runs_again(
+    error: BaseException, on_compile_failure: Callable[[BaseException], bool] | None, trained: bool
+) -> bool:
+    """Whether a segment that raised `error` runs again: an `Exception` before its first step (`trained`: it took
+    one) that the engine's `on_compile_failure` answered by changing the model."""
+    return (
+        isinstance(error, Exception)
+        and on_compile_failure is not None
+        and not trained
+        and on_compile_failure(error)
+    )
+
+
+def _finish(guard: TrainingGuard, checkpointer, total: int) -> None:
+    """After a segment that reached the last step: its checkpoint (weights that are not finite set `diverged_at`,
+    rolled back by the caller), and a signal that came after the last step stops the run before it evaluates."""
+    if checkpointer.step < total or guard.diverged_at is not None or guard.preempted:
+        return
+    guard.save_final()
+    if guard._sigterm and guard.diverged_at is None:
+        # Training is saved; the run stops before evaluating.
+        guard.preempted, guard.stopped_by = True, guard._signal or "SIGTERM"
 
 
 def _span(step: int, steps_per_epoch: int, epochs: int) -> dict:

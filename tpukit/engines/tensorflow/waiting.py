@@ -47,7 +47,6 @@ import contextlib
 import errno
 import ipaddress
 import logging
-import os
 import re
 import signal
 import socket
@@ -58,9 +57,8 @@ from typing import Any
 
 logger = logging.getLogger("tpukit")
 
-# How often a wait logs what it waits for. $TPUKIT_TEST_WAIT_LOG_SECONDS shortens it (the tests' subprocesses).
+# How often a wait logs what it waits for.
 LOG_INTERVAL_SECONDS = 30.0
-_LOG_INTERVAL_ENV = "TPUKIT_TEST_WAIT_LOG_SECONDS"
 # Time between two probes of the same address, and the longest one probe may take.
 POLL_SECONDS = 0.5
 PROBE_TIMEOUT_SECONDS = 2.0
@@ -69,15 +67,6 @@ PROBE_TIMEOUT_SECONDS = 2.0
 # with its own SETTINGS frame (9-byte header, type 0x4) before anything else.
 _HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
 _HTTP2_SETTINGS = 0x4
-
-
-def log_interval() -> float:
-    """Seconds between two progress lines of a wait (30, or $TPUKIT_TEST_WAIT_LOG_SECONDS)."""
-    try:
-        value = float(os.environ.get(_LOG_INTERVAL_ENV) or LOG_INTERVAL_SECONDS)
-    except ValueError:
-        return LOG_INTERVAL_SECONDS
-    return value if value > 0 else LOG_INTERVAL_SECONDS
 
 
 class WaitInterrupted(KeyboardInterrupt):
@@ -212,7 +201,7 @@ def wait_until(
     passed.
 
     Logs `waiting for {activity}: {progress}; {elapsed} s of {timeout} s ({limit})` after the first poll and every
-    `log_interval()` s (`limit` names the setting, e.g. `runtime.tpu_timeout_seconds`). SIGTERM/SIGINT raise
+    `LOG_INTERVAL_SECONDS` s (`limit` names the setting, e.g. `runtime.tpu_timeout_seconds`). SIGTERM/SIGINT raise
     `WaitInterrupted` (see `interruptible`). Returns (done, the last progress, elapsed s).
     """
     start = time.monotonic()
@@ -235,7 +224,7 @@ def wait_until(
                     timeout,
                     limit,
                 )
-                next_log += log_interval()
+                next_log += LOG_INTERVAL_SECONDS
             time.sleep(max(0.0, min(interval, timeout - elapsed)))
 
 
@@ -245,7 +234,7 @@ class BoundedCallTimeout(TimeoutError):
 
 def call_bounded(function: Callable[[], Any], timeout: float, activity: str) -> Any:
     """`function()` in a daemon thread, waited for in short joins: returns its result or raises its exception;
-    logs what it waits for every `log_interval()` s; raises `BoundedCallTimeout` after `timeout` s and
+    logs what it waits for every `LOG_INTERVAL_SECONDS` s; raises `BoundedCallTimeout` after `timeout` s and
     `WaitInterrupted` on SIGTERM/SIGINT. Only for functions that release the GIL while they block (Python I/O,
     eagerly executed TensorFlow functions), or the waiting thread never runs."""
     box: dict[str, Any] = {}
@@ -260,7 +249,7 @@ def call_bounded(function: Callable[[], Any], timeout: float, activity: str) -> 
     start = time.monotonic()
     with interruptible(lambda: activity):
         thread.start()
-        next_log = start + log_interval()
+        next_log = start + LOG_INTERVAL_SECONDS
         while thread.is_alive():
             elapsed = time.monotonic() - start
             if elapsed >= timeout:
@@ -273,7 +262,7 @@ def call_bounded(function: Callable[[], Any], timeout: float, activity: str) -> 
                     time.monotonic() - start,
                     timeout,
                 )
-                next_log += log_interval()
+                next_log += LOG_INTERVAL_SECONDS
     if "error" in box:
         raise box["error"]
     return box.get("result")
