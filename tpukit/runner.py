@@ -80,9 +80,8 @@ def make_plan(
     named in `accept_changes` (and those that change nothing trained: `tpukit.planner.changes.FREE`).
     """
     recipe.validate()
-    choice = engine_choice.resolve(
-        recipe.runtime.engine
-    )  # `auto`: the engine for this process and machine
+    # `auto` resolved once, for this process and machine; the plan, the task and the engine read the result.
+    choice = engine_choice.resolve(recipe.runtime.engine)
     recipe = recipe.with_engine(choice.engine)
     engine = engines.get(choice.engine)
     evaluating = planner.check_request(recipe, mode, checkpoint)
