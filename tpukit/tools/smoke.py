@@ -1,6 +1,6 @@
 """`python -m tpukit.smoke`: a few minutes on a TPU (or a CPU) through every path a recipe uses, then one report.
 
-    python -m tpukit.smoke                  # runtime.engine auto; tensorflow: tpukit.connect() (TPU -> GPUs -> CPU)
+    python -m tpukit.smoke                  # --engine auto: jax on a TPU without tensorflow-tpu, else tensorflow
     python -m tpukit.smoke --tpu=local      # a TPU VM / Colab / Kaggle TPU, explicitly
     python -m tpukit.smoke --engine=jax --mesh_model=2   # Keras on JAX: every device, weights split over 2
     python -m tpukit.smoke --json           # the report as one JSON object
@@ -272,6 +272,7 @@ def run_smoke(
             f"run_smoke: unknown engine; received engine={engine!r}, valid: {(engine_choice.AUTO, *ENGINES)}."
         )
     choice = engine_choice.resolve(engine)
+    why = choice.reason if engine == engine_choice.AUTO else None  # --engine auto: what it found
     engine = choice.engine
     temporary = output_dir is None
     output_dir = output_dir or tempfile.mkdtemp(prefix="tpukit_smoke_")
@@ -285,7 +286,7 @@ def run_smoke(
     )
     report: dict[str, Any] = {
         "engine": engine,
-        "engine_reason": choice.reason,
+        "engine_reason": why,
         "versions": _versions(),
         "output_dir": output_dir,
     }
@@ -635,7 +636,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m tpukit.smoke") ->
     )
     parser.add_argument("--json", action="store_true", help="print the report as one JSON object")
     args = parser.parse_args(argv)
-    engine = engine_choice.resolve(args.engine).engine  # before Keras loads: it sets the backend
+    engine = engine_choice.resolve(args.engine).engine  # before Keras loads (`_start` sets it)
     if engine != "jax" and (args.mesh_data != "auto" or args.mesh_model != 1):
         parser.error(f"--mesh_data and --mesh_model need --engine=jax; the engine is {engine}")
     problem = _start(engine)
