@@ -6,12 +6,14 @@ and replicas, global and per-replica batches, steps per epoch and eval steps, `s
 XLA with their reasons, the paths and the step a run resumes at. Every `RecipeError` a run can raise about the
 recipe, the hardware or the output directory is raised here, before the slow work (Model Garden validates and
 locks its params before `run_experiment`; this is tpukit's version). `tpukit.plan` (`tpukit.runner.make_plan`)
-gathers the facts and calls `decide`; the engine reads only the `Plan`.
+gathers the facts and calls `decide`; the engine reads only the `Plan` (the recipe's settings it acts on as they
+are: `Plan.settings`, `tpukit.planner.settings`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 from typing import Any
@@ -21,6 +23,9 @@ from tpukit.planner import hardware as hardware_choices
 from tpukit.planner import steps as steps_lib
 from tpukit.planner.output_dir import check_output_dir as check_output_dir
 from tpukit.planner.rules import Target, input_paths_rule
+from tpukit.planner.settings import Connection as Connection
+from tpukit.planner.settings import RunSettings, run_settings
+from tpukit.planner.settings import connection as connection
 from tpukit.recipe import Recipe, RecipeError
 
 MODES = ("train_and_eval", "train", "eval")
@@ -142,6 +147,11 @@ class Plan:
     # Keys whose change since the run's recipe.yaml was accepted on resume: {key: (old, new)} (`changes.py`)
     accepted_changes: dict = dataclasses.field(default_factory=dict, compare=False)
     mesh: dict | None = None  # `Hardware.mesh`
+
+    @functools.cached_property
+    def settings(self) -> RunSettings:
+        """The recipe's settings the engine reads (`tpukit.planner.settings`): it reads no recipe field itself."""
+        return run_settings(self.recipe)
 
     @property
     def evaluating(self) -> bool:

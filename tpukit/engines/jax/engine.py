@@ -40,7 +40,7 @@ from tpukit.engines.keras.export import KERAS_FILENAME, SAVED_MODEL_DIRNAME
 from tpukit.engines.keras.session import dtype_policy
 from tpukit.logs import first_four, plural
 from tpukit.models.layouts import DEFAULT_LAYOUTS
-from tpukit.planner import CheckpointFacts, Hardware, Plan
+from tpukit.planner import CheckpointFacts, Hardware, Plan, RunSettings
 from tpukit.planner.layouts import Layouts
 from tpukit.recipe import Recipe, RecipeError
 
@@ -103,7 +103,7 @@ def hardware(recipe: Recipe, strategy, output_dir: str) -> Hardware:
     if strategy is None:
         _initialize(recipe)
         devices = jax.devices()
-        requested = recipe.runtime.mesh
+        requested = planner.connection(recipe).mesh
         model = requested["model"]
         if requested["data"] == "auto" and len(devices) % model:
             raise RecipeError(
@@ -226,26 +226,26 @@ class _Distribution(keras.distribution.ModelParallel):
         return keras.distribution.TensorLayout(list(axes), self.device_mesh)
 
 
-def _layouts(recipe: Recipe, mesh: Mesh) -> Layouts:
-    if recipe.runtime.layout is not None:
-        return Layouts(recipe.runtime.layout, mesh.sizes, "runtime.layout")
-    default = DEFAULT_LAYOUTS.get(recipe.model.name)
+def _layouts(settings: RunSettings, mesh: Mesh) -> Layouts:
+    if settings.layout is not None:
+        return Layouts(settings.layout, mesh.sizes, "runtime.layout")
+    default = DEFAULT_LAYOUTS.get(settings.model_name)
     if default is None:
         if mesh.model > 1:
             logger.warning(
                 "tpukit: model %r has no default layout and runtime.layout is not set: its weights stay whole on "
                 "every device (the model axis only repeats the computation). Fix: set runtime.layout.",
-                recipe.model.name,
+                settings.model_name,
             )
         return Layouts({}, mesh.sizes, "runtime.layout")
-    return Layouts(default, mesh.sizes, f"the default layout of model {recipe.model.name!r}")
+    return Layouts(default, mesh.sizes, f"the default layout of model {settings.model_name!r}")
 
 
-def _distribution(recipe: Recipe, mesh: Mesh) -> _Distribution:
+def _distribution(settings: RunSettings, mesh: Mesh) -> _Distribution:
     device_mesh = keras.distribution.DeviceMesh(
         (mesh.data, mesh.model), list(AXES), devices=mesh.devices
     )
-    return _Distribution(device_mesh, _layouts(recipe, mesh), mesh.processes > 1)
+    return _Distribution(device_mesh, _layouts(settings, mesh), mesh.processes > 1)
 
 
 def _input_context(the_plan: Plan) -> tf.distribute.InputContext:
@@ -357,9 +357,8 @@ def build(the_plan: Plan) -> Session:
 
 
 def _build(the_plan: Plan, saved_model: SavedModelExport | None) -> Session:
-    recipe = the_plan.recipe
-    keras.utils.set_random_seed(recipe.train.seed)
-    distribution = _distribution(recipe, the_plan.strategy)
+    keras.utils.set_random_seed(the_plan.settings.seed)
+    distribution = _distribution(the_plan.settings, the_plan.strategy)
     auto = the_plan.steps_per_execution == "auto"
     model = _compiled(
         the_plan,
@@ -394,7 +393,7 @@ def _build(the_plan: Plan, saved_model: SavedModelExport | None) -> Session:
         else "every variable whole on every device",
     )
     checkpointer = checkpoint_lib.Checkpointer(
-        the_plan.checkpoint_dir, model, model.optimizer, recipe.runtime.max_checkpoints_to_keep
+        the_plan.checkpoint_dir, model, model.optimizer, the_plan.settings.max_checkpoints_to_keep
     )
     start_step = _restore(the_plan, checkpointer)
     return Session(
@@ -405,7 +404,7 @@ def _build(the_plan: Plan, saved_model: SavedModelExport | None) -> Session:
         flops_per_example=flops_per_example,
         peak_flops=peak_flops,
         peak_source=peak_source,
-        throughput=callbacks_lib.Throughput(recipe.data.global_batch_size),
+        throughput=callbacks_lib.Throughput(the_plan.global_batch_size),
         decision=decision,
         remeasure_peak=None
         if the_plan.strategy_kind == "jax_tpu"
@@ -499,10 +498,10 @@ def _callbacks(session: Session) -> list:
     """The shared callbacks (`session.standard_callbacks`), run by every process: on several hosts each JAX computation (a
     learning-rate read for TensorBoard included) is one program that all of them must run, so no callback may be
     the chief's alone. Each process writes its summaries into its own task directory (`worker1/logs`, ...)."""
-    the_plan, recipe = session.plan, session.plan.recipe
+    the_plan = session.plan
     result = session_lib.standard_callbacks(
         session_lib.exact_loss_terms(session.model),
-        recipe,
+        the_plan.settings,
         the_plan.output_dir,
         session.throughput,
         the_plan.steps_per_execution,
@@ -513,7 +512,7 @@ def _callbacks(session: Session) -> list:
     result.append(InOrder())
     if session.saved_model is not None:
         result.append(_ExportWaitsWhileTraining(session.saved_model))
-    if the_plan.strategy.processes > 1 and recipe.train.export_best_by:
+    if the_plan.strategy.processes > 1 and the_plan.settings.export_best_by:
         logger.warning(
             "tpukit: train.export_best_by is not supported on a multi-host jax run yet (best.keras would need every "
             "host's shards at each epoch end); the final model.keras is exported"

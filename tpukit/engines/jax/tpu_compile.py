@@ -25,7 +25,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tpukit import task
+from tpukit import planner, task
 from tpukit.engines.jax import engine
 from tpukit.engines.jax.hlo_text import collectives, gathered, out_of_memory, per_chip_memory
 from tpukit.recipe import Recipe, RecipeError
@@ -121,7 +121,7 @@ def abstract_step(
     """The recipe's model, optimizer and batch as shapes on a `data` x `model` mesh of `devices`, under the dtype
     `policy`: built inside `jax.eval_shape` with the engine's distribution (its layouts checked as in a run)."""
     mesh_handle = engine.Mesh(data, model, list(devices[: data * model]))
-    distribution = engine._distribution(recipe, mesh_handle)
+    distribution = engine._distribution(planner.run_settings(recipe), mesh_handle)
     jax_mesh = distribution.device_mesh.backend_mesh
     built: dict[str, Any] = {}
 

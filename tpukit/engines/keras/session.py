@@ -24,9 +24,9 @@ from tpukit.engines import OutputDirError
 from tpukit.engines.keras import callbacks as callbacks_lib
 from tpukit.engines.keras import flops, keras_private, trainer
 from tpukit.environment import diagnose
-from tpukit.planner import Plan
+from tpukit.planner import Plan, RunSettings
 from tpukit.planner import steps as steps_lib
-from tpukit.recipe import Recipe, RecipeError
+from tpukit.recipe import RecipeError
 
 logger = logging.getLogger("tpukit")
 
@@ -79,9 +79,7 @@ def decide_steps_per_execution(
     `metrics.json`. A value from the recipe is kept as it is. Both engines use it."""
     setting = the_plan.steps_per_execution
     if setting != "auto":
-        if (
-            the_plan.recipe.runtime.steps_per_execution == "auto"
-        ):  # the planner's choice in eval mode
+        if the_plan.settings.steps_per_execution == "auto":  # the planner's choice in eval mode
             return the_plan, {
                 "setting": "auto",
                 "rule": "mode eval: nothing trains, one step per call",
@@ -94,7 +92,7 @@ def decide_steps_per_execution(
         flops_per_second=peak_flops,
         steps_per_epoch=steps_per_epoch,
         steps_left_in_epoch=steps_per_epoch - the_plan.resume_step % steps_per_epoch,
-        target_seconds=the_plan.recipe.runtime.steps_per_execution_target_seconds,
+        target_seconds=the_plan.settings.steps_per_execution_target_seconds,
     )
     # Read by Keras when it makes the train and test functions (at the first fit/evaluate), as compile's argument;
     # and kept in the compile config that model.keras saves.
@@ -113,7 +111,7 @@ def verbose(setting) -> int:
 
 def standard_callbacks(
     exact_loss: dict | None,
-    recipe: Recipe,
+    settings: RunSettings,
     output_dir: str,
     throughput,
     steps_per_execution: int,
@@ -135,9 +133,9 @@ def standard_callbacks(
     else:
         log_dir = os.path.join(output_dir, "logs")
         profile = 0
-        if recipe.runtime.profile_steps:
+        if settings.profile_steps:
             # Keras' TensorBoard counts host calls (each runs steps_per_execution optimizer steps).
-            first, last = recipe.runtime.profile_steps
+            first, last = settings.profile_steps
             profile = (
                 math.ceil(first / steps_per_execution),
                 math.ceil(last / steps_per_execution),
@@ -145,19 +143,19 @@ def standard_callbacks(
         result.append(callbacks_lib.TensorBoardScalars(log_dir, throughput))
         if profile:
             result.append(callbacks_lib.ProfilingTensorBoard(log_dir, profile_batch=profile))
-    if recipe.train.early_stopping_patience is not None:
+    if settings.early_stopping_patience is not None:
         result.append(
             callbacks_lib.ResumableEarlyStopping(
                 state,
-                monitor=recipe.train.early_stopping_metric,
-                patience=recipe.train.early_stopping_patience,
+                monitor=settings.early_stopping_metric,
+                patience=settings.early_stopping_patience,
                 verbose=1,
             )
         )
-    if recipe.train.export_best_by and chief:
+    if settings.export_best_by and chief:
         result.append(
             callbacks_lib.ResumableModelCheckpoint(
-                state, os.path.join(output_dir, "best.keras"), monitor=recipe.train.export_best_by
+                state, os.path.join(output_dir, "best.keras"), monitor=settings.export_best_by
             )
         )
     return result
@@ -168,14 +166,14 @@ def fit_session(session, train_dataset, eval_dataset, callbacks: list, on_compil
     `eval_dataset(plan, spec)()` make the engine's pipelines; the moving averages (`train.ema_momentum`) become
     the weights once training is done. `on_compile_failure(error) -> bool`: the engine's retry of a step that failed
     to compile (the trainer's argument)."""
-    the_plan, recipe = session.plan, session.plan.recipe
+    the_plan, settings = session.plan, session.plan.settings
     if not the_plan.training:
         use_averages(session.model)
         return trainer.Outcome("done", {}, 0)
     if session.start_step >= the_plan.total_steps:
         logger.info(
             "tpukit: all %d epochs are done already (step %d)",
-            recipe.train.epochs,
+            settings.epochs,
             session.start_step,
         )
     started = time.time()
@@ -185,15 +183,15 @@ def fit_session(session, train_dataset, eval_dataset, callbacks: list, on_compil
         train_dataset(the_plan, spec),
         checkpointer=session.checkpointer,
         steps_per_epoch=the_plan.steps_per_epoch,
-        epochs=recipe.train.epochs,
+        epochs=settings.epochs,
         callbacks=callbacks,
-        checkpoint_every_steps=recipe.runtime.checkpoint_every_steps,
-        checkpoint_max_overhead=recipe.runtime.checkpoint_max_overhead,
-        max_nan_retries=recipe.train.max_nan_retries,
+        checkpoint_every_steps=settings.checkpoint_every_steps,
+        checkpoint_max_overhead=settings.checkpoint_max_overhead,
+        max_nan_retries=settings.max_nan_retries,
         validation_data=eval_dataset(the_plan, spec) if the_plan.evaluating else None,
         validation_steps=the_plan.eval_steps,
-        validation_freq=recipe.train.eval_every_epochs,
-        verbose=verbose(recipe.runtime.verbose),
+        validation_freq=settings.eval_every_epochs,
+        verbose=verbose(settings.verbose),
         on_compile_failure=on_compile_failure,
     )
     if outcome.status not in trainer.STOPPED.values():
@@ -235,7 +233,7 @@ def evaluate_session(
             eval_dataset(the_plan, task.spec_of(session.model))(),  # a fresh, whole pass each time
             steps=the_plan.eval_steps,
             return_dict=True,
-            verbose=verbose(the_plan.recipe.runtime.verbose),
+            verbose=verbose(the_plan.settings.verbose),
             # the printed `loss` over the real examples
             callbacks=[callbacks_lib.ExactValidationLoss(exact_loss), *callbacks],
         )
@@ -267,7 +265,7 @@ def features(session: Session):
 def report(session: Session, outcome, evaluation: dict, exported: dict, engine: str) -> dict:
     """The run's metrics (the runner writes them to `metrics.json`, or `eval_metrics.json` in eval mode)."""
 
-    the_plan, recipe, throughput = session.plan, session.plan.recipe, session.throughput
+    the_plan, settings, throughput = session.plan, session.plan.settings, session.throughput
     step = session.checkpointer.step
     mfu, peak_flops, peak_source = flops.checked_mfu(
         session.flops_per_example,
@@ -277,7 +275,7 @@ def report(session: Session, outcome, evaluation: dict, exported: dict, engine: 
         session.remeasure_peak,
     )
     metrics = {
-        "recipe": recipe.path,
+        "recipe": the_plan.recipe.path,
         "engine": engine,
         "mode": the_plan.mode,
         "status": outcome.status,
@@ -299,8 +297,8 @@ def report(session: Session, outcome, evaluation: dict, exported: dict, engine: 
         "validation": {k: v[-1] for k, v in outcome.history.items() if k.startswith("val_")},
         "eval": evaluation,
         "eval_examples": (
-            the_plan.corrupt[recipe.data.eval_split].examples(the_plan.eval_examples)
-            if recipe.data.eval_split in the_plan.corrupt
+            the_plan.corrupt[settings.eval_split].examples(the_plan.eval_examples)
+            if settings.eval_split in the_plan.corrupt
             else the_plan.eval_examples
         ),
         "skipped_corrupt": {split: report.to_json() for split, report in the_plan.corrupt.items()},
@@ -314,8 +312,8 @@ def report(session: Session, outcome, evaluation: dict, exported: dict, engine: 
         "mfu": mfu,
         "exported": exported,
     }
-    if recipe.train.baseline and evaluation:
-        metrics["baseline"] = task.score_baseline(recipe, task.spec_of(session.model))
+    if settings.baseline and evaluation:
+        metrics["baseline"] = task.score_baseline(the_plan.recipe, task.spec_of(session.model))
     return metrics
 
 
@@ -354,8 +352,8 @@ def _label_range(the_plan: Plan, error: BaseException) -> RecipeError | None:
     label, classes = int(found.group(1)), int(found.group(2))
     fix = task.compiling.class_count_fix(the_plan.recipe, "output", classes, label + 1)
     return RecipeError(
-        f"{the_plan.recipe.path}: data.source={the_plan.recipe.data.source!r} has label {label} (beyond the "
-        f"labels read before training), but model {the_plan.recipe.model.name!r} outputs {classes} classes. "
+        f"{the_plan.recipe.path}: data.source={the_plan.settings.source!r} has label {label} (beyond the "
+        f"labels read before training), but model {the_plan.settings.model_name!r} outputs {classes} classes. "
         f"Fix: {fix}, or check the labels."
     )
 
@@ -383,9 +381,9 @@ def _recipe_or_output_failure(
     (RecipeError), or an output directory that stopped taking writes (OutputDirError)."""
 
     if isinstance(error, tf.errors.OpError):
-        config = the_plan.recipe.data
-        splits = [s for s in (config.train_split, config.eval_split) if s]
-        corrupt = data.explain_data_error(error, config.source, splits, config.options)
+        settings = the_plan.settings
+        splits = [s for s in (settings.train_split, settings.eval_split) if s]
+        corrupt = data.explain_data_error(error, settings.source, splits, settings.source_options)
         if corrupt is not None:
             return RecipeError(f"{the_plan.recipe.path}: data: {corrupt}")
         return _output_failure(the_plan, error, newest_step) or _label_range(the_plan, error)

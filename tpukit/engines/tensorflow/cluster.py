@@ -8,7 +8,6 @@ small all-gather across the workers.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import logging
@@ -62,44 +61,28 @@ def _digest(value) -> int:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:7], "big")
 
 
-def _fields(recipe) -> dict[str, object]:
-    """Every key a recipe decides, flattened to the same list on every worker (dataclass fields, plus one entry each
-    for the model's and the source's own arguments, whose keys differ between models and sources)."""
-    values = {"model.name": recipe.model.name, "model arguments": recipe.model.kwargs}
-    for section, config in (
-        ("data", recipe.data),
-        ("train", recipe.train),
-        ("runtime", recipe.runtime),
-    ):
-        for field in dataclasses.fields(config):
-            if field.name == "options":
-                values["data source arguments"] = config.options
-            elif (section, field.name) != ("runtime", "tpu"):  # the TPU address may differ by host
-                values[f"{section}.{field.name}"] = getattr(config, field.name)
-    return values
-
-
-def fingerprint(recipe, version: str) -> dict[str, int]:
-    """One number per recipe key (see `_fields`) and for the tpukit version."""
+def fingerprint(keys: dict[str, object], version: str) -> dict[str, int]:
+    """One number per recipe key (`tpukit.planner.settings.recipe_keys`) and for the tpukit version."""
     return {
-        **{key: _digest(value) for key, value in _fields(recipe).items()},
+        **{key: _digest(value) for key, value in keys.items()},
         "tpukit version": _digest(version),
     }
 
 
-def check_same_recipe(strategy, recipe, version: str) -> None:
-    """Raises RecipeError on every worker when the workers' recipes or tpukit versions differ, naming the keys and
-    this worker's values (each worker's log shows its own)."""
+def check_same_recipe(strategy, keys: dict[str, object], recipe_path: str, version: str) -> None:
+    """Raises RecipeError on every worker when the workers' recipes (`keys`: every key the recipe decides, the Plan's
+    `settings.keys`) or tpukit versions differ, naming the keys and this worker's values (each worker's log shows
+    its own)."""
     if not is_multi_worker(strategy):
         return
-    mine = fingerprint(recipe, version)
+    mine = fingerprint(keys, version)
     rows = gather(strategy, list(mine.values()))
     differ = [name for column, name in enumerate(mine) if len(set(rows[:, column])) > 1]
     if differ:
-        values = {**_fields(recipe), "tpukit version": version}
+        values = {**keys, "tpukit version": version}
         shown = ", ".join(f"{key}={values[key]!r}" for key in differ)
         raise RecipeError(
-            f"{recipe.path}: the workers of this cluster were started with different {', '.join(differ)} (compared "
+            f"{recipe_path}: the workers of this cluster were started with different {', '.join(differ)} (compared "
             f"across all workers before training; this worker has {shown}). Fix: start the same command, with the "
             "same recipe, --set overrides and tpukit version, on every worker."
         )

@@ -50,15 +50,16 @@ def _gpu_compute_capability() -> tuple[int, int] | None:
 
 
 def hardware(recipe: Recipe, strategy, output_dir: str) -> Hardware:
-    """Connects (`strategy` defaults to `tpukit.connect(recipe.runtime.tpu)`, waiting at most
+    """Connects (`strategy` defaults to `tpukit.connect(runtime.tpu)`, waiting at most
     `runtime.tpu_timeout_seconds` for a TPU and `runtime.workers_timeout_seconds` for a cluster's workers) and
     returns what the planner needs. A malformed $TF_CONFIG is a `RecipeError` (bad input: exit 2)."""
+    connection = planner.connection(recipe)
     if strategy is None:
         try:
             strategy = strategy_lib.connect(
-                recipe.runtime.tpu,
-                tpu_timeout_seconds=recipe.runtime.tpu_timeout_seconds,
-                workers_timeout_seconds=recipe.runtime.workers_timeout_seconds,
+                connection.tpu,
+                tpu_timeout_seconds=connection.tpu_timeout_seconds,
+                workers_timeout_seconds=connection.workers_timeout_seconds,
             )
         except strategy_lib.TFConfigError as error:
             raise RecipeError(str(error)) from None
@@ -71,7 +72,7 @@ def hardware(recipe: Recipe, strategy, output_dir: str) -> Hardware:
             worker,
             task_dir,
         )
-    value = recipe.runtime.steps_per_execution
+    value = connection.steps_per_execution
     return Hardware(
         engine=NAME,
         kind=kind,
@@ -139,7 +140,7 @@ def decide_jit_compile(
     returned as it is."""
     if the_plan.jit_compile != "auto":
         return the_plan
-    if the_plan.recipe.runtime.loop == "tpukit":
+    if the_plan.settings.loop == "tpukit":
         decision = hardware_choices.Decision(
             False, "runtime.loop: tpukit runs its own step loop, which is not compiled with XLA"
         )
@@ -183,7 +184,7 @@ def _xla_fallback(session) -> Callable[[BaseException], bool] | None:
     if not (
         session.plan.jit_compile is True
         and session.plan.strategy_kind == "default"
-        and session.plan.recipe.runtime.jit_compile == "auto"
+        and session.plan.settings.jit_compile == "auto"
     ):
         return None
 
@@ -279,8 +280,8 @@ def build(the_plan: Plan) -> Session:
     `dtype_policy`."""
 
     recipe = the_plan.recipe
-    cluster.check_same_recipe(the_plan.strategy, recipe, __version__)
-    keras.utils.set_random_seed(recipe.train.seed)
+    cluster.check_same_recipe(the_plan.strategy, the_plan.settings.keys, recipe.path, __version__)
+    keras.utils.set_random_seed(the_plan.settings.seed)
     auto = the_plan.steps_per_execution == "auto"
     try:
         model = _compiled(
@@ -325,12 +326,12 @@ def build(the_plan: Plan) -> Session:
     the_plan, decision = decide_steps_per_execution(the_plan, model, flops_per_example, peak_flops)
     # Keras 3.15's own train function fails with steps_per_execution > 1 on 2+ Mirrored replicas
     # (keras-team/keras#19246) and on every MultiWorkerMirroredStrategy; see loop.py.
-    loop.use_multi_step_loop(model, recipe.runtime.loop)
+    loop.use_multi_step_loop(model, the_plan.settings.loop)
     checkpointer = checkpoint_lib.Checkpointer(
         the_plan.checkpoint_dir,
         model,
         model.optimizer,
-        recipe.runtime.max_checkpoints_to_keep,
+        the_plan.settings.max_checkpoints_to_keep,
         options=checkpoint_lib.io_options(the_plan.io_device),
     )
     start_step = _restore(the_plan, checkpointer)
@@ -342,7 +343,7 @@ def build(the_plan: Plan) -> Session:
         flops_per_example,
         peak_flops,
         peak_source,
-        callbacks_lib.Throughput(recipe.data.global_batch_size),
+        callbacks_lib.Throughput(the_plan.global_batch_size),
         decision,
         _remeasure_peak(the_plan),
     )
@@ -367,10 +368,10 @@ def _remeasure_peak(the_plan: Plan) -> Callable[[float], tuple[float | None, str
 
 def train(session: Session, callbacks: list | None = None):
     """Trains from `session.start_step` to the plan's last step (see `tpukit.engines.keras.trainer.fit_with_recovery`)."""
-    the_plan, recipe = session.plan, session.plan.recipe
+    the_plan = session.plan
     own = session_lib.standard_callbacks(
         session_lib.exact_loss_terms(session.model),
-        recipe,
+        the_plan.settings,
         the_plan.output_dir,
         session.throughput,
         the_plan.steps_per_execution,
