@@ -128,6 +128,10 @@ _TF_CONFIG_FIX = (
     f"set TF_CONFIG on every process of the cluster to JSON like {TF_CONFIG_EXAMPLE} (the same cluster "
     "everywhere; each process's own task type and index), or unset TF_CONFIG to train on this machine alone"
 )
+_OWN_TASK_FIX = (
+    'on each process set "task" to its own entry of the cluster, e.g. {"type": "worker", "index": 0} on '
+    f"the first worker, 1 on the second ...; the whole variable looks like {TF_CONFIG_EXAMPLE}"
+)
 
 
 def _shown(value, limit: int = 200) -> str:
@@ -145,6 +149,10 @@ def task_index(task: dict) -> int:
     raise ValueError(index)
 
 
+def _tf_config_error(text: str, problem: str, fix: str = _TF_CONFIG_FIX) -> TFConfigError:
+    return TFConfigError(f"TF_CONFIG {problem}; received {_shown(text)}. Fix: {fix}.")
+
+
 def parse_tf_config(text: str | None) -> dict | None:
     """$TF_CONFIG validated: the parsed object, or None when it is unset, empty or `{}` (no cluster).
 
@@ -157,85 +165,108 @@ def parse_tf_config(text: str | None) -> dict | None:
     """
     if text is None or not text.strip():
         return None
+    config = _json_object(text)
+    if not config:
+        return None  # `{}`: no cluster, as TensorFlow reads it
+    _check_cluster(text, config)
+    _check_task(text, config)
+    return config
 
-    def fail(problem: str, fix: str = _TF_CONFIG_FIX):
-        raise TFConfigError(f"TF_CONFIG {problem}; received {_shown(text)}. Fix: {fix}.")
 
+def _json_object(text: str) -> dict:
+    """TF_CONFIG parsed, refused unless it is a JSON object."""
     try:
         config = json.loads(text)
     except json.JSONDecodeError as error:
-        fail(f"is not valid JSON ({error})")
+        raise _tf_config_error(text, f"is not valid JSON ({error})") from error
     if not isinstance(config, dict):
         kinds = {list: "array", str: "string", bool: "boolean", int: "number", float: "number"}
         kind = kinds.get(type(config), "null")
-        fail(f"must be a JSON object with 'cluster' and 'task', not a JSON {kind}")
-    if not config:
-        return None  # `{}`: no cluster, as TensorFlow reads it
+        raise _tf_config_error(
+            text, f"must be a JSON object with 'cluster' and 'task', not a JSON {kind}"
+        )
+    return config
+
+
+def _check_cluster(text: str, config: dict) -> None:
+    """`cluster`: a non-empty object of non-empty 'host:port' lists, no address twice, a chief or a worker."""
     if "cluster" not in config:
-        fail("has no 'cluster' (the address of every task, by task type)")
+        raise _tf_config_error(text, "has no 'cluster' (the address of every task, by task type)")
     cluster = config["cluster"]
     if not isinstance(cluster, dict) or not cluster:
-        fail(
+        raise _tf_config_error(
+            text,
             "'cluster' must be a non-empty object mapping each task type to its list of 'host:port' addresses, "
-            f"not {_shown(cluster, 80)}"
+            f"not {_shown(cluster, 80)}",
         )
     seen: dict[str, str] = {}
     for task_type, addresses in cluster.items():
         if not isinstance(addresses, list) or not addresses:
-            fail(
+            raise _tf_config_error(
+                text,
                 f"cluster[{task_type!r}] must be a non-empty list of 'host:port' strings, not "
-                f"{_shown(addresses, 80)}"
+                f"{_shown(addresses, 80)}",
             )
         for index, address in enumerate(addresses):
             try:
                 waiting.parse_address(address)
             except ValueError as error:
-                fail(f"cluster[{task_type!r}][{index}] is not an address: {error}")
+                raise _tf_config_error(
+                    text, f"cluster[{task_type!r}][{index}] is not an address: {error}"
+                ) from error
             if address in seen:
-                fail(
+                raise _tf_config_error(
+                    text,
                     f"lists {address!r} twice ({seen[address]} and {task_type} {index}): each task needs "
-                    "its own host:port"
+                    "its own host:port",
                 )
             seen[address] = f"{task_type} {index}"
     if not any(cluster.get(task_type) for task_type in TRAINING_TASK_TYPES):
-        fail(
+        raise _tf_config_error(
+            text,
             f"'cluster' has no 'worker' or 'chief' task (it has {', '.join(map(repr, cluster))}): tpukit "
-            "trains with MultiWorkerMirroredStrategy, whose tasks are workers and an optional chief"
+            "trains with MultiWorkerMirroredStrategy, whose tasks are workers and an optional chief",
         )
-    own_task_fix = (
-        'on each process set "task" to its own entry of the cluster, e.g. {"type": "worker", "index": 0} on '
-        f"the first worker, 1 on the second ...; the whole variable looks like {TF_CONFIG_EXAMPLE}"
-    )
+
+
+def _check_task(text: str, config: dict) -> None:
+    """`task`: an object whose type is one of the cluster's and whose index is in that type's range."""
+    cluster = config["cluster"]
     if "task" not in config:
-        fail(
+        raise _tf_config_error(
+            text,
             "has a 'cluster' but no 'task': every process must say which task of the cluster it is (without "
             "one, every worker would train alone, into the same output directory)",
-            own_task_fix,
+            _OWN_TASK_FIX,
         )
     task = config["task"]
     if not isinstance(task, dict):
-        fail(
+        raise _tf_config_error(
+            text,
             f'\'task\' must be an object like {{"type": "worker", "index": 0}}, not {_shown(task, 80)}',
-            own_task_fix,
+            _OWN_TASK_FIX,
         )
     task_type = task.get("type")
     if not isinstance(task_type, str) or task_type not in cluster:
-        fail(
+        raise _tf_config_error(
+            text,
             f"task type {task_type!r} is not one of the cluster's task types ({', '.join(map(repr, cluster))})",
-            own_task_fix,
+            _OWN_TASK_FIX,
         )
     try:
         index = task_index(task)
-    except ValueError:
-        fail(f"task index {task.get('index')!r} is not a whole number", own_task_fix)
+    except ValueError as error:
+        raise _tf_config_error(
+            text, f"task index {task.get('index')!r} is not a whole number", _OWN_TASK_FIX
+        ) from error
     count = len(cluster[task_type])
     if not 0 <= index < count:
-        fail(
+        raise _tf_config_error(
+            text,
             f"task index {index} is out of range: cluster[{task_type!r}] has {count} address(es), so the "
             f"index is 0 to {count - 1}",
-            own_task_fix,
+            _OWN_TASK_FIX,
         )
-    return config
 
 
 def choose(
