@@ -513,45 +513,15 @@ def _check_tpu_build(
 ) -> list[Finding]:
     """On a TPU VM: the TensorFlow build must be tensorflow-tpu with its libtpu (the pinned row), unless JAX finds
     the TPU: then the CPU build in range is what the jax engine needs (a warning: the tensorflow engine cannot)."""
-    findings = []
     pinned = versions.pinned_tpu()
     tpu_fix = _tpu_fix()
     tf_cpu = installed.get("tensorflow") or installed.get("tensorflow-cpu")
     tf_tpu = installed.get("tensorflow-tpu")
     libtpu = installed.get("libtpu")
-    if not tf_tpu and jax_finds_the_tpu(runtime, installed, jax_requires):
-        findings.append(
-            Finding(
-                "warn" if _jax_engine_ready(installed) else "fail",
-                "tensorflow",
-                f"this TPU VM's TensorFlow is the CPU/GPU wheel (tensorflow {tf_cpu}), which has no TPU kernels: "
-                f"the tensorflow engine cannot use the TPU. {_jax_engine_note(installed)}",
-                _jax_engine_fix(installed),
-            )
-        )
-    elif not tf_tpu and _jax_platform(runtime, installed):
-        findings.append(
-            Finding(
-                "fail",
-                "tensorflow",
-                f"this TPU VM's TensorFlow is the CPU/GPU wheel (tensorflow {tf_cpu}), which has no TPU kernels. "
-                + _jax_platform_note(runtime, installed),
-                _jax_engine_fix(installed, libtpu_ok=False),
-            )
-        )
-    elif not tf_tpu:
-        findings.append(
-            Finding(
-                "fail",
-                "tensorflow",
-                f"this is a TPU VM but the installed TensorFlow is the CPU/GPU wheel (tensorflow {tf_cpu}), "
-                "which has no TPU kernels ('No OpKernel was registered to support Op "
-                "ConfigureDistributedTPU').",
-                f"`pip uninstall -y tensorflow tensorflow-cpu` then {tpu_fix}",
-            )
-        )
-    elif tf_cpu:
-        findings.append(
+    if not tf_tpu:
+        return [_cpu_wheel_on_tpu_vm(runtime, installed, jax_requires, tf_cpu, tpu_fix)]
+    if tf_cpu:
+        return [
             Finding(
                 "fail",
                 "tensorflow",
@@ -559,40 +529,74 @@ def _check_tpu_build(
                 "write the same `tensorflow` module, so which one imports depends on the install order.",
                 f"`pip uninstall -y tensorflow tensorflow-cpu tensorflow-tpu` then {tpu_fix}",
             )
+        ]
+    return [_tpu_row(tf_tpu, libtpu, pinned, tpu_fix)]
+
+
+def _cpu_wheel_on_tpu_vm(
+    runtime: Runtime,
+    installed: dict[str, str | None],
+    jax_requires: list[str] | None,
+    tf_cpu: str | None,
+    tpu_fix: str,
+) -> Finding:
+    """A TPU VM with only the CPU/GPU TensorFlow wheel: fine for the jax engine where JAX finds the TPU (a warning
+    while it is not ready), else a failure with the fix for the engine that can use this TPU."""
+    if jax_finds_the_tpu(runtime, installed, jax_requires):
+        return Finding(
+            "warn" if _jax_engine_ready(installed) else "fail",
+            "tensorflow",
+            f"this TPU VM's TensorFlow is the CPU/GPU wheel (tensorflow {tf_cpu}), which has no TPU kernels: "
+            f"the tensorflow engine cannot use the TPU. {_jax_engine_note(installed)}",
+            _jax_engine_fix(installed),
         )
-    else:
-        row = versions.find("tensorflow-tpu", tf_tpu, libtpu)
-        if row is None:
-            findings.append(
-                Finding(
-                    "fail",
-                    "tensorflow",
-                    f"tensorflow-tpu {tf_tpu} with libtpu {libtpu} is not a combination tpukit knows to work "
-                    f"(tpukit/environment/versions.py; known: "
-                    + ", ".join(
-                        f"{c.tensorflow}+libtpu {c.libtpu}"
-                        for c in versions.COMBINATIONS
-                        if c.is_tpu
-                    )
-                    + ").",
-                    tpu_fix,
-                )
+    if _jax_platform(runtime, installed):
+        return Finding(
+            "fail",
+            "tensorflow",
+            f"this TPU VM's TensorFlow is the CPU/GPU wheel (tensorflow {tf_cpu}), which has no TPU kernels. "
+            + _jax_platform_note(runtime, installed),
+            _jax_engine_fix(installed, libtpu_ok=False),
+        )
+    return Finding(
+        "fail",
+        "tensorflow",
+        f"this is a TPU VM but the installed TensorFlow is the CPU/GPU wheel (tensorflow {tf_cpu}), "
+        "which has no TPU kernels ('No OpKernel was registered to support Op "
+        "ConfigureDistributedTPU').",
+        f"`pip uninstall -y tensorflow tensorflow-cpu` then {tpu_fix}",
+    )
+
+
+def _tpu_row(
+    tf_tpu: str, libtpu: str | None, pinned: versions.Combination, tpu_fix: str
+) -> Finding:
+    """tensorflow-tpu alone: its version with libtpu's is the pinned row (ok), another known row (a warning), or
+    no known row (a failure listing the known ones)."""
+    row = versions.find("tensorflow-tpu", tf_tpu, libtpu)
+    if row is None:
+        return Finding(
+            "fail",
+            "tensorflow",
+            f"tensorflow-tpu {tf_tpu} with libtpu {libtpu} is not a combination tpukit knows to work "
+            f"(tpukit/environment/versions.py; known: "
+            + ", ".join(
+                f"{c.tensorflow}+libtpu {c.libtpu}" for c in versions.COMBINATIONS if c.is_tpu
             )
-        else:
-            level = "ok" if row.pinned else "warn"
-            note = (
-                ""
-                if row.pinned
-                else f" (known from upstream, not the pinned row: {pinned.install_command()})"
-            )
-            findings.append(
-                Finding(
-                    level,
-                    "tensorflow",
-                    f"tensorflow-tpu {tf_tpu} + libtpu {libtpu}: a known row{note}.",
-                )
-            )
-    return findings
+            + ").",
+            tpu_fix,
+        )
+    level = "ok" if row.pinned else "warn"
+    note = (
+        ""
+        if row.pinned
+        else f" (known from upstream, not the pinned row: {pinned.install_command()})"
+    )
+    return Finding(
+        level,
+        "tensorflow",
+        f"tensorflow-tpu {tf_tpu} + libtpu {libtpu}: a known row{note}.",
+    )
 
 
 def _check_other_build(runtime: Runtime, installed: dict[str, str | None]) -> list[Finding]:
