@@ -426,41 +426,18 @@ def install_tpukit(
     runtime = runtime or detect_runtime()
     before = installed_distributions() if installed is None else installed
     engine = engine or choose_engine(runtime, before)
-    compatible, why = installed_tpukit(runtime, before, engine=engine)
-    if compatible and not force:
-        print(
-            f"tpukit install: {why}; installing nothing "
-            "(to install TPUKIT_SOURCE anyway: install_tpukit(TPUKIT_SOURCE, force=True))."
-        )
+    if _keeps_installed_tpukit(runtime, before, engine, force):
         return []
-    if why:
-        print(
-            f"tpukit install: {why}; {'force=True: installing anyway' if compatible else 'installing'}."
-        )
     versions = {n: d.version for n, d in before.items()}
     remove, requirements = install_plan(runtime, source, versions, engine=engine)
     print(
         f"tpukit install: {runtime.upper()} runtime, {engine} engine -> pip install {' '.join(repr(r) for r in requirements)}"
     )
     quiet = ["--quiet", "--disable-pip-version-check", *pip_options]
-    with tempfile.TemporaryDirectory() as tmp:
-        report_path = os.path.join(tmp, "report.json")
-        pip(["install", "--dry-run", "--report", report_path, *quiet, *requirements], run)
-        with open(report_path, encoding="utf-8") as f:
-            report = json.load(f)
+    report = _pip_report(requirements, quiet, run)
     changed = changes(report, before, remove)
     reasons = restart_reasons(changed, before)
-    new = sorted(
-        f"{item['metadata']['name']} {item['metadata']['version']}"
-        for item in report.get("install", [])
-    )
-    print(
-        f"tpukit install: pip {'would install' if dry_run else 'installs'}: {', '.join(new) or 'nothing'}"
-    )
-    if remove:
-        print(
-            f"tpukit install: {'would uninstall' if dry_run else 'uninstalls'} first: {', '.join(remove)}"
-        )
+    _print_changes(report, remove, dry_run)
     if dry_run:
         if reasons:
             print("tpukit install: a real install would need a restart: " + "; ".join(reasons))
@@ -481,6 +458,47 @@ def install_tpukit(
         "tpukit install: done; no restart needed (nothing it replaced was imported in this kernel)."
     )
     return reasons
+
+
+def _keeps_installed_tpukit(runtime, before, engine, force):
+    """True when the importable tpukit is compatible and not `force`d: then nothing is installed. Says why in one
+    line either way."""
+    compatible, why = installed_tpukit(runtime, before, engine=engine)
+    if compatible and not force:
+        print(
+            f"tpukit install: {why}; installing nothing "
+            "(to install TPUKIT_SOURCE anyway: install_tpukit(TPUKIT_SOURCE, force=True))."
+        )
+        return True
+    if why:
+        print(
+            f"tpukit install: {why}; {'force=True: installing anyway' if compatible else 'installing'}."
+        )
+    return False
+
+
+def _pip_report(requirements, quiet, run):
+    """pip's `--report` JSON for installing `requirements`, from a dry run that changes nothing."""
+    with tempfile.TemporaryDirectory() as tmp:
+        report_path = os.path.join(tmp, "report.json")
+        pip(["install", "--dry-run", "--report", report_path, *quiet, *requirements], run)
+        with open(report_path, encoding="utf-8") as f:
+            return json.load(f)
+
+
+def _print_changes(report, remove, dry_run):
+    """One line for what pip installs, and one for what is uninstalled first (if anything)."""
+    new = sorted(
+        f"{item['metadata']['name']} {item['metadata']['version']}"
+        for item in report.get("install", [])
+    )
+    print(
+        f"tpukit install: pip {'would install' if dry_run else 'installs'}: {', '.join(new) or 'nothing'}"
+    )
+    if remove:
+        print(
+            f"tpukit install: {'would uninstall' if dry_run else 'uninstalls'} first: {', '.join(remove)}"
+        )
 
 
 # --- install cell ends ---
