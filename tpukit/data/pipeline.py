@@ -212,18 +212,7 @@ def training_batches(
         input_context
     )  # per-replica batches this pipeline gives each global step
     if cache and steps_per_epoch and repeat:
-        # A cache fills only when a pass reaches its end: where an epoch plus the shuffle buffer's read-ahead stops
-        # short, every epoch reads the source again and the cache is discarded unfilled (TensorFlow then warns
-        # "The calling iterator did not fully read the dataset being cached"), so nothing is cached.
-        count = int(examples.cardinality())
-        if count >= 0 and steps_per_epoch * per_step * batch + shuffle_buffer <= count:
-            logger.info(
-                "tpukit: not caching training examples: an epoch reads %d of this pipeline's %d, and a cache "
-                "fills only when a pass reaches its end",
-                steps_per_epoch * per_step * batch,
-                count,
-            )
-            cache = False
+        cache = _epoch_fills_cache(examples, steps_per_epoch * per_step * batch, shuffle_buffer)
     cached = maybe_cache(examples, cache, name="training examples")
     in_memory, examples = cached is not examples, cached
     if steps_per_epoch and repeat:
@@ -250,6 +239,25 @@ def training_batches(
             deterministic, private_threadpool_size, autotune=IN_MEMORY_AUTOTUNE or not in_memory
         )
     )
+
+
+def _epoch_fills_cache(examples: tf.data.Dataset, epoch_examples: int, shuffle_buffer: int) -> bool:
+    """Whether a cache of `examples` would fill when each epoch reads `epoch_examples` of them.
+
+    A cache fills only when a pass reaches its end: where an epoch plus the shuffle buffer's read-ahead stops
+    short, every epoch reads the source again and the cache is discarded unfilled (TensorFlow then warns "The
+    calling iterator did not fully read the dataset being cached"), so nothing is cached.
+    """
+    count = int(examples.cardinality())
+    if count >= 0 and epoch_examples + shuffle_buffer <= count:
+        logger.info(
+            "tpukit: not caching training examples: an epoch reads %d of this pipeline's %d, and a cache "
+            "fills only when a pass reaches its end",
+            epoch_examples,
+            count,
+        )
+        return False
+    return True
 
 
 def _epochs(
@@ -360,21 +368,50 @@ def eval_batches(
             f"steps={steps} is fewer than the {needed} eval steps that cover {num_examples} examples"
         )
     batches = (steps or needed) * replicas_per_pipeline
+    cached = maybe_cache(examples, cache, name="evaluation examples")
+    in_memory, examples = cached is not examples, cached
+    padding = tf.data.Dataset.from_tensors(
+        _zero_batch(examples.element_spec, batch, weight_ranks)
+    ).repeat()
+    real = examples.batch(batch).map(
+        _weighted_and_padded(batch, weight_ranks), num_parallel_calls=AUTOTUNE
+    )
+    batched = cast_floats(real.concatenate(padding).take(batches), feature_dtype)
+    if repeat:
+        batched = batched.repeat()
+    # A short pass over examples cached in memory gains little from read-ahead, and a prefetching iterator is slow
+    # to tear down: Keras makes a new iterator for every validation pass and drops the old one between the pass
+    # and the epoch's end, in the time that counts as training. Longer passes keep their read-ahead.
+    if prefetch_batches is None and in_memory and not repeat and batches <= SHORT_EVAL_BATCHES:
+        prefetch_batches = 0
+    if prefetch_batches != 0:
+        batched = batched.prefetch(_prefetch(prefetch_batches))
+    return batched.with_options(
+        options(True, private_threadpool_size, autotune=IN_MEMORY_AUTOTUNE or not in_memory)
+    )
 
-    def weights_of(label, rank=None):
-        ones = tf.ones_like(label, tf.float32)
-        if rank is None or rank >= label.shape.rank - 1:
-            return ones
-        return ones[(slice(None),) * (1 + rank) + (0,) * (label.shape.rank - 1 - rank)]
+
+def _weights_of(label, rank=None):
+    """Ones shaped like the per-example loss of `label`: its first `rank` dimensions after the batch kept (None:
+    all of them)."""
+    ones = tf.ones_like(label, tf.float32)
+    if rank is None or rank >= label.shape.rank - 1:
+        return ones
+    return ones[(slice(None),) * (1 + rank) + (0,) * (label.shape.rank - 1 - rank)]
+
+
+def _weighted_and_padded(batch: int, weight_ranks):
+    """The map from a batch of `(features, label)` to `(features, label, weight)`, each padded to `batch` rows.
+
+    Weights are shaped like each output's loss, so per-token losses ([B, T] labels of a language model) are
+    weighted too. Batched first and padded per batch: a map per example is much slower.
+    """
 
     def weighted(features, label):
-        # Weights shaped like each output's loss, so per-token losses ([B, T] labels of a language model) are
-        # weighted too. Batched first and padded per batch: a map per example cost ~30 us each (250 ms per pass of
-        # 8k examples).
         if weight_ranks is None:
-            weight = tf.nest.map_structure(weights_of, label)
+            weight = tf.nest.map_structure(_weights_of, label)
         else:
-            weight = tf.nest.map_structure(weights_of, label, weight_ranks)
+            weight = tf.nest.map_structure(_weights_of, label, weight_ranks)
         short = batch - tf.shape(tf.nest.flatten(label)[0])[0]
 
         def pad(tensor):
@@ -384,34 +421,21 @@ def eval_batches(
 
         return tf.nest.map_structure(pad, (features, label, weight))
 
-    cached = maybe_cache(examples, cache, name="evaluation examples")
-    in_memory, examples = cached is not examples, cached
-    features_spec, label_spec = examples.element_spec
+    return weighted
+
+
+def _zero_batch(element_spec, batch: int, weight_ranks):
+    """One all-zero `(features, label, weight)` batch of `batch` rows: the padding after a pipeline's shard."""
+    features_spec, label_spec = element_spec
     weight_spec = tf.nest.map_structure(
         lambda spec, rank=None: tf.TensorSpec(
             spec.shape if rank is None else spec.shape[:rank], tf.float32
         ),
         *((label_spec,) if weight_ranks is None else (label_spec, weight_ranks)),
     )
-    zeros = tf.nest.map_structure(
+    return tf.nest.map_structure(
         lambda spec: tf.zeros([batch, *spec.shape], spec.dtype),
         (features_spec, label_spec, weight_spec),
-    )
-    padding = tf.data.Dataset.from_tensors(zeros).repeat()
-    real = examples.batch(batch).map(weighted, num_parallel_calls=AUTOTUNE)
-    batched = cast_floats(real.concatenate(padding).take(batches), feature_dtype)
-    if repeat:
-        batched = batched.repeat()
-    # A short pass over examples cached in memory gains little from read-ahead, and a prefetching iterator costs
-    # ~35 ms to tear down: Keras makes a new iterator for every validation pass and drops the old one between the
-    # pass and the epoch's end, in the time that counts as training (measured on the digits benchmark row, whose
-    # epoch trains in ~180 ms; a CPU measurement). Longer passes keep their read-ahead.
-    if prefetch_batches is None and in_memory and not repeat and batches <= SHORT_EVAL_BATCHES:
-        prefetch_batches = 0
-    if prefetch_batches != 0:
-        batched = batched.prefetch(_prefetch(prefetch_batches))
-    return batched.with_options(
-        options(True, private_threadpool_size, autotune=IN_MEMORY_AUTOTUNE or not in_memory)
     )
 
 
