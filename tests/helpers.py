@@ -182,15 +182,15 @@ def run_jax_snippet(
 
 def expected_xla_cpu_flags(xla_flags: str = "") -> list[str]:
     """The XLA:CPU flags a jax-engine process starting with `xla_flags` adds, with the installed jaxlib, TensorFlow
-    and accelerator plugins (`tpukit.engines.jax.compat.cpu_xla_flags`, `_accelerator_plugins`)."""
+    and accelerators (`tpukit.engines.jax.cpu.cpu_xla_flags`, `accelerator_hints`)."""
     from importlib import metadata
 
     import tensorflow as tf
 
-    from tpukit.engines.jax import compat
+    from tpukit.engines.jax import cpu
 
-    wanted = compat.cpu_xla_flags(metadata.version("jaxlib"), tf.__version__, xla_flags)[0]
-    return [] if compat._accelerator_plugins() else wanted
+    wanted = cpu.cpu_xla_flags(metadata.version("jaxlib"), tf.__version__, xla_flags)[0]
+    return [] if cpu.accelerator_hints() else wanted
 
 
 # The recommender recipe, smoke-sized for the engines' tests: 4,000 ratings (3,200 train = 12 steps of 256 an

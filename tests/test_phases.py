@@ -88,7 +88,7 @@ print("STEP", metrics["step"], "FROZEN", gc.get_freeze_count(), flush=True)
 @pytest.mark.parametrize("setting", [None, "0"])
 def test_the_exit_collection_skips_the_imports_but_a_users_files_are_flushed(tmp_path, setting):
     """Python's last cyclic collection over TensorFlow's and Keras' import-time objects took ~1.1 s of every such
-    process's exit; tpukit freezes what is alive once the engine is imported (`TPUKIT_GC_FREEZE=0`: not). A user's
+    process's exit; tpukit freezes what is alive once a CPU run's devices are known (`TPUKIT_GC_FREEZE=0`: not). A user's
     file left open in a reference cycle is flushed at exit whether it was made before the first run (frozen: tpukit
     flushes it) or after (collected as usual)."""
     import os
@@ -119,20 +119,19 @@ def test_an_interactive_process_is_not_frozen(monkeypatch):
     import gc
     import sys
 
-    from tpukit import engines
+    from tpukit.engines.keras import gc_freeze
 
     frozen = []
-    monkeypatch.setattr(engines, "_frozen", False)
+    monkeypatch.setattr(gc_freeze, "_done", None)
     monkeypatch.setattr(gc, "freeze", lambda: frozen.append(True))
     monkeypatch.setitem(sys.modules, "ipykernel", sys)  # any module object: a kernel is running
-    engines._freeze_the_imports()
-    assert frozen == [] and engines._frozen is False
+    skipped = gc_freeze.freeze_the_imports()
+    assert frozen == [] and not skipped.frozen and "interactive" in skipped.reason
     monkeypatch.delitem(sys.modules, "ipykernel")
     monkeypatch.setattr(
-        engines, "_interactive", lambda: False
+        gc_freeze, "_interactive", lambda: False
     )  # pytest's own process may look interactive
     monkeypatch.setattr(
-        engines, "atexit", type("A", (), {"register": staticmethod(lambda *a: None)})
+        gc_freeze, "atexit", type("A", (), {"register": staticmethod(lambda *a: None)})
     )
-    engines._freeze_the_imports()
-    assert frozen == [True] and engines._frozen is True
+    assert gc_freeze.freeze_the_imports().frozen and frozen == [True]

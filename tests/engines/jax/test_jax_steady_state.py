@@ -87,10 +87,10 @@ def test_the_run_records_its_threefry_lowering(runs):
     # jax 0.10 gets the unrolled CPU lowering (test_jax_threefry.py); another jax says why not.
     from importlib import metadata
 
-    from tpukit.engines.jax import compat
+    from tpukit.engines.jax import cpu
 
     recorded = runs["auto"]["metrics"]["jax_cpu_threefry"]
     switch = os.environ.get(
-        compat.CPU_THREEFRY_ENV, ""
+        cpu.CPU_THREEFRY_ENV, ""
     )  # the child runs with this process's environment
-    assert recorded == compat.threefry_choice(metadata.version("jax"), switch).as_dict()
+    assert recorded == cpu.threefry_choice(metadata.version("jax"), switch).as_dict()

@@ -1,22 +1,21 @@
-"""jax's unrolled threefry lowering on XLA:CPU (`tpukit.engines.jax.compat.use_unrolled_threefry_on_cpu`): after it,
+"""jax's unrolled threefry lowering on XLA:CPU (`tpukit.engines.jax.cpu.use_unrolled_threefry_on_cpu`): after it,
 a CPU program draws its random bits without the rolled while loop and draws the same bits (raw bits, and Keras'
 dropout mask with a fixed seed, compared with the ones jax's own CPU lowering drew in the same process); the off
-switch and another jax keep jax's lowering and say why; a jax engine run records what it did. Nothing here measures
-speed (compat.py has the measurements, benchmarks/vs_keras.py the whole runs)."""
-
-import types
+switch and another jax keep jax's lowering and say why; the engine registers it once its devices are known to be
+CPUs, and a jax engine run records what it did. Nothing here measures speed (docs/engines.md has the measurements,
+benchmarks/vs_keras.py the whole runs)."""
 
 import pytest
 from helpers import run_jax_snippet
 
-from tpukit.engines.jax import compat
+from tpukit.engines.jax import cpu
 
 # One process: a lowering rule, once registered, stays for the process.
 CHILD = """
 import json, sys
 import jax, jax.numpy as jnp
 import keras
-from tpukit.engines.jax import compat
+from tpukit.engines.jax import cpu
 
 def draw():
     # Fresh functions each time: jit caches a compiled program per function.
@@ -27,12 +26,14 @@ def draw():
     return (bits(key).tolist(), (dropout(jnp.ones((64, 48))) == 0).tolist(), "stablehlo.while" in text)
 
 bits, mask, loop = draw()
-if sys.argv[1] == "engine":  # as tpukit.run/fit get it: the engine's first use runs its checks
+if sys.argv[1] == "engine":  # as tpukit.run/fit get it: the engine's devices, known in `hardware`
+    import tempfile
     import tpukit.engines
-    tpukit.engines.get("jax")
-    choice = compat.threefry_lowering()
+    engine = tpukit.engines.get("jax")
+    engine.hardware(None, engine.Mesh(1, 1, jax.devices()[:1]), tempfile.mkdtemp())
+    choice = cpu.ThreefryLowering(**cpu.report()["jax_cpu_threefry"])
 else:
-    choice = compat.use_unrolled_threefry_on_cpu()
+    choice = cpu.use_unrolled_threefry_on_cpu()
 bits_after, mask_after, loop_after = draw()
 print("RESULT " + json.dumps({
     "choice": choice.as_dict(), "same_bits": bits == bits_after, "same_mask": mask == mask_after,
@@ -42,13 +43,13 @@ print("RESULT " + json.dumps({
 
 
 def _child(case: str = "direct", **env) -> dict:
-    return run_jax_snippet(CHILD, case, drop=(compat.CPU_THREEFRY_ENV,), **env)
+    return run_jax_snippet(CHILD, case, drop=(cpu.CPU_THREEFRY_ENV,), **env)
 
 
 def _measured_jax() -> bool:
     from importlib import metadata
 
-    return compat.threefry_choice(metadata.version("jax"), "").unrolled
+    return cpu.threefry_choice(metadata.version("jax"), "").unrolled
 
 
 @pytest.mark.skipif(
@@ -66,7 +67,7 @@ def test_the_unrolled_lowering_draws_the_same_bits_without_the_while_loop():
 @pytest.mark.skipif(
     not _measured_jax(), reason="the unrolled lowering is registered on jax 0.10 only"
 )
-def test_the_engines_first_use_registers_it_before_anything_is_lowered_after():
+def test_the_engine_registers_it_once_its_devices_are_cpus():
     result = _child("engine")
     assert result["choice"]["unrolled"] is True, result
     assert result["loop_before"] is True and result["loop_after"] is False, result
@@ -74,51 +75,44 @@ def test_the_engines_first_use_registers_it_before_anything_is_lowered_after():
 
 
 def test_the_switch_keeps_jaxs_own_lowering():
-    result = _child(**{compat.CPU_THREEFRY_ENV: "rolled"})
+    result = _child(**{cpu.CPU_THREEFRY_ENV: "rolled"})
     assert result["choice"] == {
         "unrolled": False,
-        "reason": f"jax's rolled CPU lowering: {compat.CPU_THREEFRY_ENV}=rolled",
+        "reason": f"jax's rolled CPU lowering: {cpu.CPU_THREEFRY_ENV}=rolled",
     }
     assert result["loop_before"] is True and result["loop_after"] is True, result
     assert result["same_bits"] and result["same_mask"], result
 
 
 def test_which_jax_versions_and_switch_values_get_it():
-    assert compat.threefry_choice("0.10.2", "").unrolled is True
-    assert compat.threefry_choice("0.10.2", " Unrolled ").unrolled is True
-    assert compat.threefry_choice("0.10.0", "off").unrolled is False
-    other = compat.threefry_choice("0.12.1", "")
-    assert other == compat.ThreefryLowering(
+    assert cpu.threefry_choice("0.10.2", "").unrolled is True
+    assert cpu.threefry_choice("0.10.2", " Unrolled ").unrolled is True
+    assert cpu.threefry_choice("0.10.0", "off").unrolled is False
+    other = cpu.threefry_choice("0.12.1", "")
+    assert other == cpu.ThreefryLowering(
         False,
         "jax's rolled CPU lowering: the unrolled one was measured on jax 0.10 only; this is 0.12.1",
     )
     # A value that is neither on nor off (a typo) keeps jax's lowering and says which values there are.
-    typo = compat.threefry_choice("0.10.2", "roled")
+    typo = cpu.threefry_choice("0.10.2", "roled")
     assert typo.unrolled is False and "='roled' is not one of rolled, 0, off" in typo.reason
 
 
 def test_an_unknown_switch_value_is_logged(monkeypatch, caplog):
-    monkeypatch.setenv(compat.CPU_THREEFRY_ENV, "roled")
+    monkeypatch.setenv(cpu.CPU_THREEFRY_ENV, "roled")
     with caplog.at_level("WARNING", logger="tpukit"):
-        choice = (
-            compat.use_unrolled_threefry_on_cpu.__wrapped__()
-        )  # not the process's cached answer
+        choice = cpu.use_unrolled_threefry_on_cpu.__wrapped__()  # not the process's cached answer
     assert choice.unrolled is False
     assert [r.getMessage() for r in caplog.records] == [f"tpukit: {choice.reason}."]
 
 
-def test_a_report_without_the_engines_checks_does_not_register_it(monkeypatch):
-    # metrics.json reads what was done (`threefry_lowering`); registering then, after the steps were lowered, would
-    # record what they never got.
+def test_a_report_applies_nothing(monkeypatch):
+    # metrics.json reads what was done (`cpu.report`); registering then, after the steps were lowered, would record
+    # what they never got.
     calls = []
-
-    class NeverCalled:  # `use_unrolled_threefry_on_cpu` before anything called it
-        def cache_info(self):
-            return types.SimpleNamespace(currsize=0)
-
-        def __call__(self):
-            calls.append(True)
-
-    monkeypatch.setattr(compat, "use_unrolled_threefry_on_cpu", NeverCalled())
-    recorded = compat.threefry_lowering()
-    assert recorded.unrolled is False and "check_jax" in recorded.reason and not calls
+    monkeypatch.setattr(cpu, "_threefry", None)  # no devices known in this process yet
+    monkeypatch.setattr(cpu, "use_unrolled_threefry_on_cpu", lambda: calls.append(True))
+    monkeypatch.setattr(cpu.compat, "register_unrolled_threefry_on_cpu", lambda: calls.append(True))
+    recorded = cpu.report()["jax_cpu_threefry"]
+    assert recorded["unrolled"] is False and "hardware() did not run" in recorded["reason"]
+    assert not calls

@@ -30,7 +30,7 @@ import tensorflow as tf
 
 from tpukit import planner, task
 from tpukit.engines.jax import checkpoint as checkpoint_lib
-from tpukit.engines.jax import compat, compilation_cache
+from tpukit.engines.jax import compilation_cache, cpu
 from tpukit.engines.jax.saved_model import SavedModelExport
 from tpukit.engines.keras import callbacks as callbacks_lib
 from tpukit.engines.keras import flops, trainer
@@ -98,7 +98,7 @@ def _kind(device) -> str:
 def hardware(recipe: Recipe, strategy, output_dir: str) -> Hardware:
     """The devices and the mesh `runtime.mesh` asks for: `data` x `model` devices (`data: auto`: all the devices
     not on the model axis). `strategy`: a `Mesh` to use instead (tests). Turns on the persistent compilation
-    cache first (`compilation_cache`)."""
+    cache first (`compilation_cache`); applies the CPU tuning where the devices are CPUs (`cpu.tune`)."""
     compilation_cache.use_compilation_cache()
     if strategy is None:
         _initialize(recipe)
@@ -140,6 +140,7 @@ def hardware(recipe: Recipe, strategy, output_dir: str) -> Hardware:
             jax.process_index(),
         )
         logger.info("%s", describe(strategy, requested))
+    cpu.tune(strategy.devices)
     worker = f"worker{strategy.process_index}" if strategy.process_index else None
     device = strategy.devices[0]
     capability = getattr(device, "compute_capability", None)
@@ -277,7 +278,7 @@ class Session(session_lib.Session):
 
     distribution: Any = None
     sharded: dict = dataclasses.field(default_factory=dict)
-    saved_model: SavedModelExport | None = None  # the exporting process, started by `build`
+    saved_model: SavedModelExport | None = None  # the exporting process, started by `build` on CPUs
 
 
 def _compiled(
@@ -422,8 +423,13 @@ _STARTED_EXPORTS: list[SavedModelExport] = []
 
 def _start_saved_model_export(the_plan: Plan) -> SavedModelExport | None:
     """The process that will export the SavedModel, started now (its imports overlap the build and the first
-    step's compilation): on the chief of a training run only; None where nothing will be exported."""
-    if not the_plan.training or not the_plan.chief:
+    step's compilation): on the chief of a training run on CPUs only (`cpu.export_starts_early`); None where nothing
+    will be exported or `export` starts it."""
+    if (
+        not the_plan.training
+        or not the_plan.chief
+        or not cpu.export_starts_early(the_plan.strategy_kind)
+    ):
         return None
     try:
         started = SavedModelExport.start()
@@ -478,22 +484,6 @@ class InOrder(keras.callbacks.Callback):
         pass
 
 
-class _ExportWaitsWhileTraining(keras.callbacks.Callback):
-    """Pauses the SavedModel's exporting process from the end of each `fit` segment's first execution (its imports
-    ran beside the build and the first step's compilation) to the segment's end, so that on a small model, whose
-    build is short, they take no CPU from the training steps (`saved_model.SavedModelExport.pause`)."""
-
-    def __init__(self, export: SavedModelExport):
-        super().__init__()
-        self.export = export
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.export.pause()  # once: a no-op while paused
-
-    def on_train_end(self, logs=None):
-        self.export.resume()
-
-
 def _callbacks(session: Session) -> list:
     """The shared callbacks (`session.standard_callbacks`), run by every process: on several hosts each JAX computation (a
     learning-rate read for TensorBoard included) is one program that all of them must run, so no callback may be
@@ -511,7 +501,7 @@ def _callbacks(session: Session) -> list:
     )
     result.append(InOrder())
     if session.saved_model is not None:
-        result.append(_ExportWaitsWhileTraining(session.saved_model))
+        result.append(cpu.ExportWaitsWhileTraining(session.saved_model))
     if the_plan.strategy.processes > 1 and the_plan.settings.export_best_by:
         logger.warning(
             "tpukit: train.export_best_by is not supported on a multi-host jax run yet (best.keras would need every "
@@ -529,9 +519,9 @@ def evaluate(session: Session, outcome) -> dict[str, float]:
 
 def export(session: Session, outcome) -> dict[str, str]:
     """`model.keras` (written here, whole: a temporary name, then a rename) and the SavedModel `serve` endpoint,
-    which a TensorFlow-backend process exports from that file (`saved_model`: started by `build`, it has imported
-    TensorFlow while this one trained; it runs `tpukit.engines.keras.export`'s command): TF 2.21 cannot load
-    SavedModels that jax >= 0.11 exports through jax2tf. {} in eval mode or when stopped by a signal; the
+    which a TensorFlow-backend process exports from that file (`saved_model`: on CPUs started by `build`, so it has
+    imported TensorFlow while this one trained, elsewhere started here; it runs `tpukit.engines.keras.export`'s
+    command): TF 2.21 cannot load SavedModels that jax >= 0.11 exports through jax2tf. {} in eval mode or when stopped by a signal; the
     SavedModel is skipped, with a warning, where TensorFlow cannot export it."""
     try:
         return _export(session, outcome)
@@ -719,8 +709,7 @@ def report(session: Session, outcome, evaluation: dict, exported: dict) -> dict:
         mesh=session.plan.mesh,
         sharded=session.sharded,
         steps_per_execution_decision=session.decision,
-        xla_cpu_flags=compat.use_cpu_xla_flags().as_dict(),
-        jax_cpu_threefry=compat.threefry_lowering().as_dict(),
+        **cpu.report(),
     )
     return metrics
 

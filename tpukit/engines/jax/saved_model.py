@@ -1,26 +1,25 @@
-"""The jax engine's SavedModel export, by a TensorFlow-backend process started when the run is built.
+"""The jax engine's SavedModel export, by a TensorFlow-backend process.
 
 TF 2.21 cannot load SavedModels that jax >= 0.11 exports through jax2tf, so a run on the jax engine exports its
-`model.keras` with `tpukit.engines.keras.export` in a process of Keras' TensorFlow backend. Started at the
-export, that process cost ~4-5 s on a 2-core CPU, almost all of it imports (TensorFlow, Keras) and interpreter
-teardown; loading and exporting a small model take ~0.5 s. So here it starts when the run is built and imports
-(~2.3 s: the unused scikit-learn, matplotlib and JAX are kept out, `main`) while this process builds the model and
-compiles its first step; on Linux it is paused (SIGSTOP) while steps train, so that a small model's short build
-does not leave the imports competing with the training steps, and continued (SIGCONT) when `fit` returns. It then
-waits on its stdin for one line `["<model.keras>", "<output dir>"]`, runs the same `main` as `python -m
-tpukit.engines.keras.export` (the same files), and exits without the interpreter's teardown once they are
-written and closed. An empty stdin (the run stopped before exporting) ends it without writing anything; on Linux
-the kernel kills it when the thread that started it ends, even by SIGKILL (`PR_SET_PDEATHSIG`), so a paused one
-cannot outlive its run (`build` and `export` run on the caller's thread, as `tpukit.run` calls them).
+`model.keras` with `tpukit.engines.keras.export` in a process of Keras' TensorFlow backend. Almost all of that
+process's time is its imports (TensorFlow, Keras) and interpreter teardown; loading and exporting a small model take
+well under a second. So on CPUs (`tpukit.engines.jax.cpu.export_starts_early`) it starts when the run is built and
+imports (the unused scikit-learn, matplotlib and JAX kept out, `main`) while this process builds the model and
+compiles its first step; on Linux it is paused (SIGSTOP) while steps train, so that a small model's short build does
+not leave the imports competing with the training steps, and continued (SIGCONT) when `fit` returns. Elsewhere it
+starts when the run exports. It waits on its stdin for one line `["<model.keras>", "<output dir>"]`, runs the same
+`main` as `python -m tpukit.engines.keras.export` (the same files), and exits without the interpreter's teardown
+once they are written and closed. An empty stdin (the run stopped before exporting) ends it without writing
+anything; on Linux the kernel kills it when the thread that started it ends, even by SIGKILL (`PR_SET_PDEATHSIG`),
+so a paused one cannot outlive its run (`build` and `export` run on the caller's thread, as `tpukit.run` calls
+them).
 
-    export = SavedModelExport.start()   # in `build`
+    export = SavedModelExport.start()   # in `build` on CPUs, else in `export`
     export.pause(); export.resume()     # around training (no-ops off Linux)
     failure = export.run(keras_path, output_dir)   # None once output_dir/saved_model is written
     export.close()                      # ends it if it was never asked (idempotent)
 
-Measured with benchmarks/vs_keras.py (jax engine, --quick) on a 2-core CPU: the export phase went from ~4-5 s to
-~0.3-0.8 s where the build and first compilation take ~2 s or more (digits CNN, ResNet, transformer), ~1.5 s on the
-MLP (a ~1 s build); the whole run 1-3 s shorter.
+benchmarks/README.md has what the early start saved on the 2-core CPU benchmark.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from tpukit.engines.keras import session as session_lib
 from tpukit.engines.keras.export import export_model, io_device_for
 from tpukit.engines.keras.session import Session, decide_steps_per_execution, dtype_policy
 from tpukit.engines.tensorflow import checkpoint as checkpoint_lib
-from tpukit.engines.tensorflow import cluster, loop, sparse
+from tpukit.engines.tensorflow import cluster, cpu, loop, sparse
 from tpukit.engines.tensorflow import flops as tf_flops
 from tpukit.engines.tensorflow import strategy as strategy_lib
 from tpukit.planner import CheckpointFacts, Hardware, Plan
@@ -64,6 +64,7 @@ def hardware(recipe: Recipe, strategy, output_dir: str) -> Hardware:
         except strategy_lib.TFConfigError as error:
             raise RecipeError(str(error)) from None
     kind = strategy_lib.kind_of(strategy)
+    cpu.tune(kind)  # the CPU-only tuning, where the devices are CPUs
     worker = strategy_lib.worker_subdir(strategy)
     task_dir = planner.worker_output_dir(worker, output_dir)
     if worker:
@@ -422,8 +423,9 @@ def export(session: Session, outcome) -> dict[str, str]:
 
 
 def report(session: Session, outcome, evaluation: dict, exported: dict) -> dict:
-    """The run's metrics (the runner writes them to `metrics.json`, or `eval_metrics.json` in eval mode)."""
-    return session_lib.report(session, outcome, evaluation, exported, NAME)
+    """The run's metrics (the runner writes them to `metrics.json`, or `eval_metrics.json` in eval mode), with what
+    the CPU tuning did (`cpu.report`)."""
+    return {**session_lib.report(session, outcome, evaluation, exported, NAME), **cpu.report()}
 
 
 def explained(the_plan: Plan):
