@@ -463,7 +463,62 @@ def embeddings_rule(recipe: Recipe, target: Target) -> Rule | None:
     if not isinstance(tables, Mapping):
         return None
     engine, tpu = recipe.runtime.engine, target.tpu_type
-    sized = []
+    malformed = _malformed_table(tables)
+    if malformed is not None:
+        return malformed
+    sized = [_sized_table(name, table) for name, table in tables.items()]
+    if engine == "tensorflow" and TF_EMBEDDING_FEATURE[tpu] is None:
+        return Rule(
+            "embeddings",
+            "fail",
+            f'TensorFlow does not run on {tpu} ("TensorFlow is not supported", Cloud TPU docs), so none of '
+            f"{', '.join(table.shown for table in sized)} can be placed.",
+            f"--set runtime.engine=jax, or another --tpu-type (where keras-rs 0.4.0 takes tables off HBM under "
+            f"tensorflow: {_sparsecore_types()})",
+        )
+    where, why, raises = _sparsecore_on(tpu, engine)
+    onto = (where or "").partition(" via ")[0]  # "SparseCore" or "the TPU embedding API"
+    split = _model_split(recipe, engine)
+    placed = _place_tables(recipe, target, sized, where is not None, onto, split)
+    lead = (
+        f"{why}, so placement auto and sparsecore put a table on {where}"
+        if where is not None
+        else f"{why}, so placement auto keeps a table in HBM and placement sparsecore fails: {raises}"
+    )
+    message = (
+        f"keras-rs 0.4.0 DistributedEmbedding on {tpu} under the {engine} engine: {lead}. "
+        + "; ".join(placed.verdicts)
+        + "."
+    )
+    notes, fixes = _embeddings_notes(recipe, target, placed, onto)
+    if notes:
+        message += " " + ". ".join(notes) + "."
+    return _embeddings_verdict(message, placed, fixes, engine, split)
+
+
+@dataclasses.dataclass(frozen=True)
+class _SizedTable:
+    """One of `model.tables`: its name, how the report shows it, its float32 bytes and its placement."""
+
+    name: str
+    shown: str
+    nbytes: int
+    placement: Any
+
+
+@dataclasses.dataclass
+class _Placement:
+    """Where `_place_tables` put the tables: one verdict per table, and the names (or notes) of each outcome."""
+
+    verdicts: list[str] = dataclasses.field(default_factory=list)
+    failed: list[str] = dataclasses.field(default_factory=list)
+    on_sparsecore: list[str] = dataclasses.field(default_factory=list)
+    huge: list[str] = dataclasses.field(default_factory=list)
+    undivided: list[str] = dataclasses.field(default_factory=list)
+
+
+def _malformed_table(tables: Mapping) -> Rule | None:
+    """The skip for the first table that is not {vocabulary_size, embedding_dim} with positive integers."""
     for name, table in tables.items():
         rows = table.get("vocabulary_size") if isinstance(table, Mapping) else None
         dim = table.get("embedding_dim") if isinstance(table, Mapping) else None
@@ -474,67 +529,75 @@ def embeddings_rule(recipe: Recipe, target: Target) -> Rule | None:
                 f"model.tables.{name} is not {{vocabulary_size, embedding_dim}} with positive integers (received "
                 f"{table!r}), so no table was placed.",
             )
-        shown = f"{name} ({rows:,} x {dim}, {_size(rows * dim * 4)})"  # float32
-        sized.append((name, shown, rows * dim * 4, table.get("placement", "auto")))
-    if engine == "tensorflow" and TF_EMBEDDING_FEATURE[tpu] is None:
-        return Rule(
-            "embeddings",
-            "fail",
-            f'TensorFlow does not run on {tpu} ("TensorFlow is not supported", Cloud TPU docs), so none of '
-            f"{', '.join(shown for _, shown, _, _ in sized)} can be placed.",
-            f"--set runtime.engine=jax, or another --tpu-type (where keras-rs 0.4.0 takes tables off HBM under "
-            f"tensorflow: {_sparsecore_types()})",
-        )
-    where, why, raises = _sparsecore_on(tpu, engine)
-    onto = (where or "").partition(" via ")[0]  # "SparseCore" or "the TPU embedding API"
-    # The jax engine's default layout splits a recommender's HBM tables by rows over the mesh's model axis
-    # (tpukit.models.layouts); TPUStrategy replicates them on every core.
+    return None
+
+
+def _sized_table(name: str, table: Mapping) -> _SizedTable:
+    rows, dim = table["vocabulary_size"], table["embedding_dim"]
+    shown = f"{name} ({rows:,} x {dim}, {_size(rows * dim * 4)})"  # float32
+    return _SizedTable(name, shown, rows * dim * 4, table.get("placement", "auto"))
+
+
+def _model_split(recipe: Recipe, engine: str) -> int:
+    """The devices an HBM table is split over by rows: the jax engine's default layout splits a recommender's
+    tables over the mesh's model axis (tpukit.models.layouts); TPUStrategy replicates them on every core (1)."""
     mesh = getattr(recipe.runtime, "mesh", None)
     split = mesh.get("model", 1) if engine == "jax" and isinstance(mesh, Mapping) else 1
-    split = split if isinstance(split, int) and split > 0 else 1
+    return split if isinstance(split, int) and split > 0 else 1
+
+
+def _place_tables(
+    recipe: Recipe,
+    target: Target,
+    sized: list[_SizedTable],
+    sparsecore: bool,
+    onto: str,
+    split: int,
+) -> _Placement:
+    """Each table's verdict: fails (an unknown placement, sparsecore with no SparseCore, rows that do not split),
+    goes to `onto` (SparseCore here, placement not default_device), or stays in HBM (huge above 1/4 of a core)."""
     kept = (
         f"stays in HBM with the dense model, split by rows over runtime.mesh.model={split}"
         if split > 1
         else "stays in HBM with the dense model, replicated on every core"
     )
-    verdicts, failed, on_sparsecore, huge, undivided = [], [], [], [], []
-    for name, shown, nbytes, placement in sized:
+    placed = _Placement()
+    for table in sized:
+        name, shown, placement = table.name, table.shown, table.placement
         if placement not in ("auto", "sparsecore", "default_device"):
-            failed.append(name)
-            verdicts.append(
+            placed.failed.append(name)
+            placed.verdicts.append(
                 f"{shown}: fails: placement {placement!r} is not auto, sparsecore or default_device (keras-rs "
                 "raises ValueError)"
             )
-        elif placement != "default_device" and where is not None:
-            on_sparsecore.append(name)
-            verdicts.append(f"{shown}: {onto} (placement {placement})")
+        elif placement != "default_device" and sparsecore:
+            placed.on_sparsecore.append(name)
+            placed.verdicts.append(f"{shown}: {onto} (placement {placement})")
         elif placement == "sparsecore":
-            failed.append(name)
-            verdicts.append(f"{shown}: fails at build (placement sparsecore)")
+            placed.failed.append(name)
+            placed.verdicts.append(f"{shown}: fails at build (placement sparsecore)")
         elif split > 1 and _padded_rows(recipe, name, split) % split:
             # `vocabulary_multiple` set in the recipe (tpukit sets it to the model axis otherwise).
-            undivided.append(name)
+            placed.undivided.append(name)
             rows = _padded_rows(recipe, name, split)
-            verdicts.append(
+            placed.verdicts.append(
                 f"{shown}: fails: {rows:,} rows (model.vocabulary_multiple="
                 f"{recipe.model.kwargs['vocabulary_multiple']}) do not split over runtime.mesh.model={split}"
             )
         else:
-            verdicts.append(f"{shown}: {kept} (placement {placement})")
-            if nbytes / split > target.hbm_bytes_per_core / HUGE_TABLE_FRACTION:
-                huge.append(f"{name} ({_size(nbytes / split)} per core)")
-    lead = (
-        f"{why}, so placement auto and sparsecore put a table on {where}"
-        if where is not None
-        else f"{why}, so placement auto keeps a table in HBM and placement sparsecore fails: {raises}"
-    )
-    message = (
-        f"keras-rs 0.4.0 DistributedEmbedding on {tpu} under the {engine} engine: {lead}. "
-        + "; ".join(verdicts)
-        + "."
-    )
+            placed.verdicts.append(f"{shown}: {kept} (placement {placement})")
+            if table.nbytes / split > target.hbm_bytes_per_core / HUGE_TABLE_FRACTION:
+                placed.huge.append(f"{name} ({_size(table.nbytes / split)} per core)")
+    return placed
+
+
+def _embeddings_notes(
+    recipe: Recipe, target: Target, placed: _Placement, onto: str
+) -> tuple[list[str], list[str]]:
+    """What a run should know about tables on SparseCore and tables large for HBM, with a fix for each."""
+    engine, tpu = recipe.runtime.engine, target.tpu_type
     notes, fixes = [], []
-    if on_sparsecore:
+    if placed.on_sparsecore:
         notes.append(
             f"On {onto} each table trains with its own keras-rs TableConfig optimizer (only "
             f"{', '.join(KERAS_RS_TABLE_OPTIMIZERS)} are supported there; TableConfig's default is Adam), not "
@@ -546,13 +609,14 @@ def embeddings_rule(recipe: Recipe, target: Target) -> Rule | None:
             "each FeatureConfig's batch dimension open, which keras-rs' TPU path may want fixed)"
         )
         fixes.append(
-            f"to train as tested, keep the tables in HBM: --set model.tables.{on_sparsecore[0]}.placement="
+            f"to train as tested, keep the tables in HBM: --set model.tables.{placed.on_sparsecore[0]}.placement="
             "default_device (for each table)"
         )
-    if huge:
+    if placed.huge:
         notes.append(
             f"Large for HBM, over 1/{HUGE_TABLE_FRACTION} of one {tpu} core's {_size(target.hbm_bytes_per_core)} "
-            f"before their gradients and train.optimizer's slots (the memory rule counts those): {', '.join(huge)}"
+            f"before their gradients and train.optimizer's slots (the memory rule counts those): "
+            f"{', '.join(placed.huge)}"
         )
         fixes.append(
             "split them by rows with runtime.mesh.model > 1"
@@ -561,9 +625,14 @@ def embeddings_rule(recipe: Recipe, target: Target) -> Rule | None:
             f"{_sparsecore_types()}, or the jax engine with runtime.mesh.model > 1 to split "
             "them by rows"
         )
-    if notes:
-        message += " " + ". ".join(notes) + "."
-    if undivided:
+    return notes, fixes
+
+
+def _embeddings_verdict(
+    message: str, placed: _Placement, fixes: list[str], engine: str, split: int
+) -> Rule:
+    """Fail for rows that do not split, then for tables that cannot be placed; warn with the fixes; else pass."""
+    if placed.undivided:
         return Rule(
             "embeddings",
             "fail",
@@ -571,15 +640,15 @@ def embeddings_rule(recipe: Recipe, target: Target) -> Rule | None:
             f"remove model.vocabulary_multiple (tpukit then pads every table to a multiple of runtime.mesh.model="
             f"{split}), or set it to a multiple of {split}",
         )
-    if failed:
+    if placed.failed:
         engine_fix = (
             "the tensorflow engine (--set runtime.engine=tensorflow) on " if engine == "jax" else ""
         )
         elsewhere = f"{engine_fix}--tpu-type {_sparsecore_types()}"
         fix = (
-            f"placement auto (or default_device) for {', '.join(failed)}, e.g. --set "
-            f"model.tables.{failed[0]}.placement=auto; or the TPU embedding API (SparseCore on v4, v5p, v6e) with "
-            f"{elsewhere}"
+            f"placement auto (or default_device) for {', '.join(placed.failed)}, e.g. --set "
+            f"model.tables.{placed.failed[0]}.placement=auto; or the TPU embedding API (SparseCore on v4, v5p, v6e) "
+            f"with {elsewhere}"
         )
         return Rule("embeddings", "fail", message, fix)
     if fixes:
@@ -1091,6 +1160,19 @@ def to_json(recipe: Recipe, target: Target, rules: list[Rule]) -> dict:
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m tpukit.check") -> int:
+    args = _parser(prog).parse_args(argv)
+    try:  # the quick refusals (no such recipe, bad YAML, a malformed --set) before TensorFlow loads
+        raw_recipe(args.recipe, args.set)
+    except RecipeError as error:
+        print(f"tpukit: error: {error}", file=sys.stderr)
+        return 2
+    if args.topology is not None:
+        return _topology_main(args)
+    return _rules_main(args)
+
+
+def _parser(prog: str) -> argparse.ArgumentParser:
+    """The command line of `python -m tpukit.check` (and `tpukit check`)."""
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("recipe", help="a recipe YAML file or the name of a packaged recipe")
     parser.add_argument(
@@ -1139,14 +1221,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m tpukit.check") ->
         action="store_true",
         help="with --topology: when the step does not fit, do not compile the configurations that might",
     )
-    args = parser.parse_args(argv)
-    try:  # the quick refusals (no such recipe, bad YAML, a malformed --set) before TensorFlow loads
-        raw_recipe(args.recipe, args.set)
-    except RecipeError as error:
-        print(f"tpukit: error: {error}", file=sys.stderr)
-        return 2
-    if args.topology is not None:
-        return _topology_main(args)
+    return parser
+
+
+def _rules_main(args) -> int:
+    """The rules for `--cores` of `--tpu-type`: the report (or `--json`), exit 1 when one fails."""
     # None: not given (so that --topology can refuse them when they are)
     args.cores = 8 if args.cores is None else args.cores
     args.tpu_type = args.tpu_type or DEFAULT_TPU_TYPE
