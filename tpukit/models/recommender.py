@@ -85,6 +85,81 @@ def padded_vocabulary(vocabulary_size: int, multiple: int) -> int:
     return math.ceil(vocabulary_size / multiple) * multiple
 
 
+def _check_dcn_arguments(
+    tables: Any,
+    cross_layers: Any,
+    projection_dim: Any,
+    deep_units: Any,
+    dropout: Any,
+    vocabulary_multiple: Any,
+) -> None:
+    """Raises ValueError naming the argument, the value received and the fix, before any layer is built."""
+    check_tables(tables)
+    for name, value, low in (
+        ("cross_layers", cross_layers, 0),
+        ("vocabulary_multiple", vocabulary_multiple, 1),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(
+                f"dcn_ranking: {name} must be an integer >= {low}; received {name}={value!r}. Fix: e.g. {name}=2."
+            )
+    if projection_dim is not None and projection_dim < 1:
+        raise ValueError(
+            f"dcn_ranking: projection_dim must be positive or None (full rank); received {projection_dim!r}."
+        )
+    if any(units < 1 for units in deep_units):
+        raise ValueError(f"dcn_ranking: deep_units must be positive; received {list(deep_units)}.")
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"dcn_ranking: dropout must be in [0, 1); received dropout={dropout!r}.")
+
+
+def _feature_config(name: str, table: Mapping[str, Any], vocabulary_multiple: int):
+    """The keras-rs FeatureConfig of one table, its rows padded to `vocabulary_multiple`."""
+    rows = padded_vocabulary(table["vocabulary_size"], vocabulary_multiple)
+    if rows != table["vocabulary_size"]:
+        logger.info(
+            "tpukit: table %s padded from %d to %d rows to split over %d devices (the extra rows are never "
+            "looked up)",
+            name,
+            table["vocabulary_size"],
+            rows,
+            vocabulary_multiple,
+        )
+    config = keras_rs.layers.TableConfig(
+        name=name,
+        vocabulary_size=rows,
+        embedding_dim=table["embedding_dim"],
+        # A fresh initializer, drawn from Keras' seed (keras.utils.set_random_seed): keras-rs' default is
+        # one instance made at import, whose seed ignores set_random_seed.
+        initializer=keras.initializers.VarianceScaling(
+            mode="fan_out", distribution="truncated_normal"
+        ),
+        placement=table.get("placement", "auto"),
+    )
+    return keras_rs.layers.FeatureConfig(
+        name=name,
+        table=config,
+        input_shape=(None,),
+        output_shape=(None, table["embedding_dim"]),
+    )
+
+
+def _distributed_embedding(features: dict[str, Any], tables: dict[str, Any]):
+    """The `DistributedEmbedding` layer over `features`; a table asked onto SparseCore where none can take it is a
+    ValueError that names it and the fix (keras-rs' own error otherwise)."""
+    try:
+        return keras_rs.layers.DistributedEmbedding(features, name="embedding")
+    except (ValueError, NotImplementedError, ImportError) as error:
+        asked = [n for n in sorted(tables) if tables[n].get("placement") == "sparsecore"]
+        if not asked:
+            raise
+        raise ValueError(
+            f"tables.{asked[0]}.placement=sparsecore, but no SparseCore can take it here (keras-rs: {error}). "
+            f"Fix: --set model.tables.{asked[0]}.placement=auto (SparseCore where the TPU has it, else HBM), or "
+            "train on a TPU with SparseCore under the tensorflow engine (tpukit.check --tpu-type says which)."
+        ) from None
+
+
 def dcn_ranking(
     tables: dict[str, Any],
     cross_layers: int = 2,
@@ -105,66 +180,17 @@ def dcn_ranking(
         vocabulary_multiple: pad every table's rows to a multiple of this, so a split over that many devices
             divides; padded rows are never looked up. tpukit sets it to the jax engine's `runtime.mesh.model`.
     """
-    check_tables(tables)
-    for name, value, low in (
-        ("cross_layers", cross_layers, 0),
-        ("vocabulary_multiple", vocabulary_multiple, 1),
-    ):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(
-                f"dcn_ranking: {name} must be an integer >= {low}; received {name}={value!r}. Fix: e.g. {name}=2."
-            )
-    if projection_dim is not None and projection_dim < 1:
-        raise ValueError(
-            f"dcn_ranking: projection_dim must be positive or None (full rank); received {projection_dim!r}."
-        )
-    if any(units < 1 for units in deep_units):
-        raise ValueError(f"dcn_ranking: deep_units must be positive; received {list(deep_units)}.")
-    if not 0.0 <= dropout < 1.0:
-        raise ValueError(f"dcn_ranking: dropout must be in [0, 1); received dropout={dropout!r}.")
+    _check_dcn_arguments(
+        tables, cross_layers, projection_dim, deep_units, dropout, vocabulary_multiple
+    )
     names = sorted(tables)
-    features = {}
-    for name in names:
-        table = tables[name]
-        rows = padded_vocabulary(table["vocabulary_size"], vocabulary_multiple)
-        if rows != table["vocabulary_size"]:
-            logger.info(
-                "tpukit: table %s padded from %d to %d rows to split over %d devices (the extra rows are never "
-                "looked up)",
-                name,
-                table["vocabulary_size"],
-                rows,
-                vocabulary_multiple,
-            )
-        config = keras_rs.layers.TableConfig(
-            name=name,
-            vocabulary_size=rows,
-            embedding_dim=table["embedding_dim"],
-            # A fresh initializer, drawn from Keras' seed (keras.utils.set_random_seed): keras-rs' default is
-            # one instance made at import, whose seed ignores set_random_seed.
-            initializer=keras.initializers.VarianceScaling(
-                mode="fan_out", distribution="truncated_normal"
-            ),
-            placement=table.get("placement", "auto"),
-        )
-        features[name] = keras_rs.layers.FeatureConfig(
-            name=name,
-            table=config,
-            input_shape=(None,),
-            output_shape=(None, table["embedding_dim"]),
-        )
+
+    # === Layers ===
+    features = {name: _feature_config(name, tables[name], vocabulary_multiple) for name in names}
     inputs = {name: keras.Input(shape=(), dtype="int32", name=name) for name in names}
-    try:
-        embedding = keras_rs.layers.DistributedEmbedding(features, name="embedding")
-    except (ValueError, NotImplementedError, ImportError) as error:
-        asked = [n for n in names if tables[n].get("placement") == "sparsecore"]
-        if not asked:
-            raise
-        raise ValueError(
-            f"tables.{asked[0]}.placement=sparsecore, but no SparseCore can take it here (keras-rs: {error}). "
-            f"Fix: --set model.tables.{asked[0]}.placement=auto (SparseCore where the TPU has it, else HBM), or "
-            "train on a TPU with SparseCore under the tensorflow engine (tpukit.check --tpu-type says which)."
-        ) from None
+    embedding = _distributed_embedding(features, tables)
+
+    # === Functional model ===
     embedded = embedding(inputs)
     x0 = layers.Concatenate(name="embeddings")([embedded[name] for name in names])
     x = x0
@@ -175,6 +201,9 @@ def dcn_ranking(
         if dropout:
             x = layers.Dropout(dropout, name=f"dropout{i}")(x)
     score = layers.Dense(1, dtype="float32", name="score")(x)
+    # === Config ===
+    # A plain functional model: its config is the graph above (layer names and arguments), so a `.keras` file
+    # loads with `keras.saving.load_model` and no custom class.
     return keras.Model(inputs, score, name="dcn_ranking")
 
 
