@@ -212,7 +212,7 @@ def scan_tfrecords(
 
     def per_file(k):
         raw = tf.data.TFRecordDataset(paths[k], buffer_size=READ_BUFFER_BYTES).ignore_errors()
-        # Reduced in batches: a reduce step per record costs ~10x the read itself (measured, TF 2.21).
+        # Reduced in batches: a reduce step per record costs several times the read itself (docs/performance.md).
         count, nbytes = raw.batch(REDUCE_BATCH).reduce(
             (tf.constant(0, tf.int64), tf.constant(0, tf.int64)),
             lambda acc, rs: (

@@ -36,7 +36,7 @@ def digits(
 @functools.lru_cache(maxsize=4)
 def _digits_split(split: str, test_fraction: float) -> tuple[np.ndarray, np.ndarray]:
     """Read-only arrays, made once per process: a run reads a split several times (counting, labels, pipelines),
-    and each read costs ~35 ms of scikit-learn."""
+    and each read costs a scikit-learn load."""
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
@@ -105,8 +105,8 @@ def _synthetic_arrays(
     integer_inputs: bool,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Read-only arrays, made once per process: a run reads a split several times (counting, labels, pipelines),
-    and each read drew every example again (~80 ms for 2,560 CIFAR-shaped images on a 2-core CPU, 4 reads in a
-    plan). The last two splits made stay (a recipe's train and eval split)."""
+    and each read would draw every example again. The last two splits made stay (a recipe's train and eval
+    split)."""
     rng = np.random.default_rng(0 if split == "train" else 1)
     if integer_inputs:
         x = rng.integers(0, num_classes, size=(num_examples, *input_shape), dtype=np.int32)

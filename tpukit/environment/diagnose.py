@@ -412,7 +412,7 @@ KNOWN_ERRORS: tuple[KnownError, ...] = (
         ),
         cause=(
             "another worker of this multi-worker cluster stopped (crashed, was killed, or its host was preempted "
-            "or lost): TensorFlow's coordination service saw its heartbeats stop (measured here: about 10 s after a "
+            "or lost): TensorFlow's coordination service saw its heartbeats stop (about 10 s after a "
             "SIGKILL) and aborted the collectives this worker was waiting in."
         ),
         fix=(

@@ -1,41 +1,15 @@
 """A quiet start: TensorFlow's and XLA's C++ start-up lines are hidden, every other line still reaches stderr.
 
-What is hidden, and why. Importing TensorFlow (2.19-2.21) and listing its devices prints, on any machine:
-
-    WARNING: All log messages before absl::InitializeLog() is called are written to STDERR
-    I0000 00:00:... port.cc:153] oneDNN custom operations are on. You may see slightly different numerical ...
-    I0000 00:00:... cudart_stub.cc:31] Could not find cuda drivers on your machine, GPU will not be used.
-    I0000 00:00:... cpu_feature_guard.cc:227] This TensorFlow binary is optimized to use available CPU ...
-    To enable the following instructions: AVX2 AVX512F FMA, in other operations, rebuild TensorFlow with ...
-    E0000 00:00:... cuda_platform.cc:52] failed call to cuInit: INTERNAL: CUDA error: Failed call to cuInit: ...
-
-and the first lines again: `tensorflow/python/profiler/internal/_pywrap_profiler_plugin.so`, loaded by `import
-tensorflow` (via `tensorflow.python.profiler.profiler_client`), is a 90 MB library that links its own copy of
-absl's logging and of TensorFlow's platform start-up code, so its static initialisers print the same lines a
-second time, from the same process and thread (no subprocess is involved). None of it is a fault on a CPU machine,
-but the `E0000` line reads like one. `TF_CPP_MIN_LOG_LEVEL` does not hide them: they are written by native code
-before absl's logging is initialised, which ignores the variable (tensorflow/tensorflow#100442), and Python's
-`logging` never sees them. So `start_up()` points file descriptor 2 at a temporary file while TensorFlow is imported
-and its devices are listed, then writes back to stderr every captured line except:
-
-- the lines `NOISE` lists (each with where it comes from); the CUDA ones only where no NVIDIA driver is installed
-  (`nvidia_driver_present`, which knows WSL2's too): on a GPU machine "failed call to cuInit" is the reason the GPU
-  is not used;
-- C++ log lines below the `TF_CPP_MIN_LOG_LEVEL` in force (what TensorFlow itself would have hidden had its logging
-  been set up): INFO lines by default, since `configure` sets the variable to 1 when the user has not.
-
-Everything else is written back, in order, when the block ends: Python warnings and tracebacks, C++ warnings and
-errors that are not in the list. If the process dies inside the block (TensorFlow aborts on a CPU without the
-instructions it was built for), a watchdog process writes everything captured to the real stderr, unfiltered. The
-watchdog runs in its own session, so a Ctrl-C at the terminal reaches tpukit only (which stops as it always does)
-and never makes the watchdog print a traceback of its own.
-
-Nothing is hidden with `TPUKIT_VERBOSE=1` (`tpukit --verbose`), nor when the user set `TF_CPP_MIN_LOG_LEVEL=0`
-(they asked for every C++ line); a `TF_CPP_MIN_LOG_LEVEL` the user set is never changed. The entry points call
-this (`python -m tpukit.train|doctor|check|smoke`, the `tpukit` command, `tpukit.notebook.start`); what TensorFlow
-or XLA prints after the start (a TPU's initialisation, XLA compiling) is left alone, apart from the INFO lines that
-`TF_CPP_MIN_LOG_LEVEL=1` hides.
-"""
+Importing TensorFlow (2.19-2.21) and listing its devices prints oneDNN, CPU-feature and CUDA lines on any machine,
+twice (the profiler plugin links its own copy of absl's logging); on a CPU machine the `E0000 ... cuInit` line reads
+like a fault. `TF_CPP_MIN_LOG_LEVEL` cannot hide them: native code writes them before absl's logging is initialised
+(tensorflow/tensorflow#100442). So `start_up()` points file descriptor 2 at a temporary file while TensorFlow is
+imported and its devices listed, then writes back every captured line except those `NOISE` lists (the CUDA ones
+only where no NVIDIA driver is installed) and C++ lines below the `TF_CPP_MIN_LOG_LEVEL` in force (1 by default).
+If the process dies inside the block, a watchdog process (in its own session, so Ctrl-C never reaches it) writes
+everything captured to the real stderr, unfiltered. Nothing is hidden with `TPUKIT_VERBOSE=1` (`tpukit --verbose`)
+or a user's `TF_CPP_MIN_LOG_LEVEL=0`, and a level the user set is never changed. The entry points call this; what
+TensorFlow prints after the start (TPU initialisation, XLA compiling) is left alone."""
 
 from __future__ import annotations
 

@@ -1,28 +1,15 @@
-"""Fine-tuning a built model: start from weights, freeze layers by name, LoRA (issue 18, item 4).
+"""Fine-tuning a built model: start from weights, freeze layers by name, LoRA.
 
-`prepare` applies a recipe's `model.init_weights`, `model.freeze` and `model.lora_rank` to the model its builder
-returned, before `compile` and inside the engine's distribution scope, in an order that keeps every check ahead
-of the slow part and every step correct:
+`prepare` applies a recipe's `model.init_weights`, `model.freeze` and `model.lora_rank` to the built model, before
+`compile` and inside the engine's distribution scope, in this order:
 
-1. checks: `init_weights` names something loadable, every `freeze` pattern matches, LoRA has layers to adapt,
-   something is left to train. Each failure is a `RecipeError` naming the key, the value and a fix, raised before
-   the weights are read (and before the engine writes anything).
-2. freeze: `layer.trainable = False` for each layer whose name matches a pattern (`re.search`), which in Keras also
-   freezes its sublayers and runs a frozen BatchNormalization in inference mode; a pattern may also match a weight's
-   path (`dense_1/bias`), which freezes that weight alone.
-3. init_weights (a new run only; a resume restores its checkpoint instead): `model.load_weights`, which matches
-   weights by the model's structure (Keras numbers layers by class and position: `layers/dense_1`), not by name.
-   The head may differ: a layer at the model's output end (the last top-level layer with weights, or one that
-   produces an output) whose weights do not fit the file's, or that the file lacks, keeps its initialization and
-   is named in a warning (fine-tuning with a new number of classes, as keras-hub's `from_preset` with another
-   `num_classes`). A mismatch anywhere else means another architecture and is an error, as is a head that
-   `freeze` would keep at its random initialization.
-4. LoRA: Keras' `layer.enable_lora(rank)` on every Dense and EinsumDense layer left trainable. Its base kernel
-   becomes non-trainable, `lora_kernel_a` (he_uniform) and `lora_kernel_b` (zeros) are trained, so the model starts
-   exactly as loaded; biases and the other layers keep training unless frozen. LoRA comes after loading because
-   Keras' `Dense.load_own_variables` zeroes both LoRA matrices of a LoRA layer, which would leave them untrainable
-   (keras/src/layers/core/dense.py, Keras 3.15). `model.keras` stores the merged kernel (`save_own_variables`).
-"""
+1. checks, each a `RecipeError` naming the key, the value and a fix, before any weight is read;
+2. freeze: `layer.trainable = False` for each layer (or weight path) a pattern matches (`re.search`);
+3. init_weights (a new run only; a resume restores its checkpoint): `model.load_weights`, matched by structure.
+   A head at the model's output end that does not fit the file keeps its initialization, with a warning (a new
+   number of classes); a mismatch anywhere else is an error;
+4. LoRA: `layer.enable_lora(rank)` on every trainable Dense and EinsumDense. It comes after loading because
+   `Dense.load_own_variables` zeroes both LoRA matrices (keras/src/layers/core/dense.py, Keras 3.15)."""
 
 from __future__ import annotations
 

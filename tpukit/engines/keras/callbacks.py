@@ -95,8 +95,8 @@ class _SummaryThread:
     tag, value, step)` queues a Python float, `flush()` waits until every queued scalar is in its file. The
     scalars are the protocol buffers `tf.summary.scalar` writes (a float32 tensor with the "scalars" plugin's
     metadata), made by TensorBoard's own `scalar_pb` and written with its `EventFileWriter` (one file per split,
-    `log_dir/<split>`): no TensorFlow op runs. `tf.summary` cost ~67 ms of CPU for each writer's first 12 scalars
-    (TensorFlow functions traced and run), taken from the training steps of the 2-core CPU; this costs ~0.3 ms."""
+    `log_dir/<split>`): no TensorFlow op runs, where `tf.summary` traces and runs TensorFlow functions on the
+    step loop's CPU (docs/performance.md)."""
 
     def __init__(self, log_dir: str):
         import queue

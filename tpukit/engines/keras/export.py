@@ -167,8 +167,8 @@ def export_saved_model(
 def _write_serving_module(model, serve, signature, path: str, options) -> None:
     """The SavedModel of a root object holding the model's variables (`variables`, `trainable_variables`,
     `non_trainable_variables`) and the `serve` endpoint (also the `serving_default` signature), as
-    `keras.export.ExportArchive` writes it, without saving the tree of Keras layers: 2-3x faster to write (0.15 s instead of 0.5 s for the cnn benchmark row, 0.35 s instead of 0.8 s for
-    the transformer, on a 2-core CPU). Raises AssertionError/ValueError naming an untracked resource when the model
+    `keras.export.ExportArchive` writes it, without saving the tree of Keras layers, which is several times
+    slower to write (docs/performance.md). Raises AssertionError/ValueError naming an untracked resource when the model
     captures one that is not a variable."""
     import tensorflow as tf
 

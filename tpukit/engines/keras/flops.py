@@ -2,27 +2,15 @@
 
     mfu = model_flops_per_example(model) * examples_per_second / peak_flops
 
-Three pieces, each usable alone:
+* Training FLOPs per example: counted by each engine from the forward pass (TensorFlow's profiler, XLA's cost
+  analysis) times 3 (the backward pass is two matmuls per forward one). Only matrix operations are counted
+  (MatMul, BatchMatMul, convolutions, Einsum), as in the PaLM paper's MFU (Chowdhery et al., 2022, appendix B).
+* `device_peak_flops(...)`: on a TPU, Google's published bf16 peak per chip for every precision (its matrix units
+  multiply in bf16); on a CPU or GPU, the matmul rate of the compute dtype, timed once and cached.
+* `mfu(...)`: the ratio, or None when an input is unknown; `checked_mfu(...)` times a cached peak again when
+  training ran faster than it, so a reported MFU is never above 1.
 
-* the model's training FLOPs per example, counted by each engine (`tpukit.engines.keras.flops` from the
-  traced forward pass with TensorFlow's profiler, the jax engine with XLA's cost analysis) and multiplied by 3 (the backward pass costs about twice the forward: one matmul for the
-  input gradient and one for the weight gradient). Only matrix operations (MatMul, BatchMatMul, Conv2D/3D,
-  depthwise and transposed convolutions, Einsum) are counted: they are what the peak FLOP/s of a TPU's matrix
-  units or a GPU's tensor cores measures, and they make a Dense(in -> out) layer exactly `2 * in * out` FLOPs per
-  example. Bias adds, activations, normalization and softmax are left out, as in the MFU definition of the
-  PaLM paper (Chowdhery et al., 2022, appendix B). Attention score matmuls are included (they are BatchMatMuls).
-* `device_peak_flops(...)`: the peak of the dtype that trains. On a TPU, the bf16 peak from Google's published
-  per-chip numbers (`PEAK_BF16_FLOPS_PER_CHIP`) for every precision: the TPU's matrix units multiply in bf16 even
-  for float32 matmuls at TensorFlow's default precision ("All multiplies take bfloat16 inputs",
-  cloud.google.com/tpu/docs/system-architecture-tpu-vm). On a CPU or GPU, the matmul rate of the compute dtype
-  (float32 for "float32", bfloat16 for "mixed_bfloat16", float16 for "mixed_float16") measured once on this
-  machine and cached. The source string names the dtype; `peak_dtype(precision)` gives it for metrics.
-* `mfu(...)`: the ratio, or None when any input is unknown. `checked_mfu(...)`, what a run reports, times a
-  measured peak again when training ran faster than it (a peak timed under load), so a reported MFU is never
-  above 1.
-
-Nothing here raises during a training run: what cannot be computed is None, with a log line that says why.
-"""
+Nothing here raises during a training run: what cannot be computed is None, with a log line that says why."""
 
 from __future__ import annotations
 

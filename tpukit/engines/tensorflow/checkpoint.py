@@ -3,7 +3,7 @@
 The optimizer's step counter (`optimizer.iterations`) is the step: restoring it is what lets a re-run of the
 same command resume where the last one stopped. Keras 3 keeps each Dropout's `SeedGenerator` state in
 `non_trainable_variables` but not in the object graph `tf.train.Checkpoint(model=...)` walks, so without saving it
-explicitly a resumed run draws different dropout masks than an uninterrupted one (measured: 1.6e-2 weight drift).
+explicitly a resumed run draws different dropout masks than an uninterrupted one, and its weights drift from it.
 
 `RunState` holds what the trainer must carry across restarts besides the weights: the data skipped after NaN
 rollbacks, early stopping's best value, wait count and stop flag, and the best value `best.keras` was exported at.
@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 
-# What a damaged or truncated checkpoint raises on restore (measured with TF 2.21: a truncated .data file raises
+# What a damaged or truncated checkpoint raises on restore (TF 2.19-2.21: a truncated .data file raises
 # DataLossError or OutOfRangeError, a truncated .index a bare OpError "file is too short to be an sstable" or
 # "IndexError: Read less bytes than requested"). A model that does not fit raises AssertionError or ValueError.
 _READ_ERRORS = (tf.errors.OpError, IndexError, OSError)
@@ -97,9 +97,8 @@ def all_finite(variables) -> bool:
     return bool(tf.reduce_all(checks)) if checks else True
 
 
-# Before the first save of a process: a fixed cost (a process's first save of a small CNN took 51 ms here, the later
-# ones 14 ms, mostly tf.train.Checkpoint's object-graph walk) plus the bytes at 200 MB/s (a conservative rate for a
-# local disk or GCS).
+# Before the first save of a process: a fixed cost (mostly tf.train.Checkpoint's object-graph walk; see
+# docs/performance.md) plus the bytes at 200 MB/s (a conservative rate for a local disk or GCS).
 _SAVE_FIXED_SECONDS = 0.05
 _SAVE_BYTES_PER_SECOND = 200e6
 

@@ -5,14 +5,13 @@ Keras' and TensorFlow's private names (`keras.src.*`, `tensorflow.python.*`, und
 their objects) can change in any release. tpukit touches them only here and in the shared module, each through one
 small named function that says what it works around, the upstream issue where there is one, and the versions it was
 tested with; `tests/engines/tensorflow/test_keras_private.py` keeps `keras.src` and `tensorflow.python` imports out
-of every other module. Importing this module imports
-neither Keras nor TensorFlow (each function imports what it needs), so the doctor still runs where they are broken.
+of every other module. Importing this module imports neither Keras nor TensorFlow (each function imports what it needs), so the doctor still runs where they are broken.
 
 Tested ranges (the suite on each; `.ci/tf_matrix.sh`):
-- Keras 3.15.x: `compat.KERAS_TESTED` (3.15.1 measured); outside it tpukit refuses to run unless
+- Keras 3.15.x: `compat.KERAS_TESTED` (3.15.1 tested); outside it tpukit refuses to run unless
   $TPUKIT_ALLOW_UNTESTED_KERAS=1.
 - TensorFlow 2.19-2.21: `tpukit.environment.versions.MIN_TF` .. `MAX_TF_EXCLUSIVE` (2.19.1, 2.20.0, 2.21.0
-  measured on the CPU wheel; tensorflow-tpu 2.19.1 for `tpu_kernels_registered`).
+  tested on the CPU wheel; tensorflow-tpu 2.19.1 for `tpu_kernels_registered`).
 
 The Keras line numbers below are from keras 3.15.1 (`keras/src/...`).
 """

@@ -1,36 +1,17 @@
 """`steps_per_execution` > 1 under multi-replica MirroredStrategy, and choosing a `steps_per_execution` that fits.
 
-Why Keras fails. With Keras 3.15 (TensorFlow backend) and TF 2.21, `fit` with `steps_per_execution` > 1 under a
-MirroredStrategy of 2+ replicas stops with "INVALID_ARGUMENT: You must feed a value for placeholder tensor
-'while/body/.../while/cond/Placeholder_1'" (https://github.com/keras-team/keras/issues/19246, open). In
-keras/src/backend/tensorflow/trainer.py, `TensorFlowTrainer._make_function` (lines 130-252):
+Why Keras fails (Keras 3.15, TF 2.21; keras-team/keras#19246, open): `fit` with `steps_per_execution` > 1 under a
+MirroredStrategy of 2+ replicas stops with "You must feed a value for placeholder tensor ...". Keras' multi-step
+function calls `strategy.run` from a nested `tf.function` inside a `tf.cond` in a `tf.while_loop`
+(`TensorFlowTrainer._make_function`), and MirroredStrategy's `merge_call` (the all-reduce and optimizer update) is
+unsupported there (`_MirroredReplicaContext._merge_call`, tensorflow/python/distribute/mirrored_run.py). Both the
+nested function and the `tf.cond` are needed to fail; single-replica strategies and stock `evaluate` work.
 
-- `one_step_on_data` calls `strategy.run(step_function)` (line 134) and is its own `tf.function` (lines 143-147);
-- `multi_step_on_iterator` (a `tf.function`, lines 233-235) calls it from the `has_next` branch of a `tf.cond`
-  (lines 169-190) inside a `tf.while_loop` (lines 224-228).
-
-MirroredStrategy runs each replica in its own thread and does the cross-replica part of the step (gradient
-all-reduce, optimizer update) in `merge_call` on the main thread; TF documents merge_call inside a nested
-`tf.function` or a control-flow body as unsupported (tensorflow/python/distribute/mirrored_run.py lines 472-506,
-cases 2 and 3 in `_MirroredReplicaContext._merge_call`; here it surfaces as an unfed placeholder). Measured with Keras 3.15 and
-TF 2.21: the error needs both the nested `tf.function` and the `tf.cond`; either alone works
-(`test_stock_keras_fails_on_two_replicas_so_these_tests_exercise_the_bug` in tests/engines/tensorflow/test_loop.py shows the failure). Stock `evaluate` and `predict` work (no merge_call in the test step; predict
-loops in Python), and so does any single-replica strategy. The test function is replaced too, so that `fit` and
-`evaluate` run the same loop.
-
-The fix. `use_multi_step_loop` gives the model a train (and test) function shaped like Orbit's loop
-(tensorflow/models orbit/utils/loop_fns.py @ 0ca414d5, `create_tf_while_loop_fn`, lines 88-122: the step runs in
-the body of `for _ in tf.range(num_steps)` (lines 116-120), which AutoGraph turns into a `tf.while_loop` inside the
-caller's `tf.function`; the step calls `strategy.run` itself, e.g. `train_step` in
-orbit/examples/single_task/single_task_trainer.py). Here `strategy.run` sits directly in an explicit `tf.while_loop`
-body, with no nested `tf.function`; only the iterator fetch is conditional. Keras' own bookkeeping (epoch iterator, callbacks, `optimizer.iterations`,
-`StopIteration` at the end of data) is unchanged.
-
-Partial executions. Keras' epoch iterator (keras/src/trainers/epoch_iterator.py line 113,
-`for step in range(0, steps_per_epoch, self.steps_per_execution)`) always asks for whole executions, so with a
-repeated dataset an epoch of 8 steps at `steps_per_execution=3` trains 9 steps: the step count, learning-rate
-schedule and checkpoints drift from the epochs. `tpukit.planner.steps.check_steps_per_execution` rejects that before training.
-"""
+The fix: `use_multi_step_loop` gives the model train and test functions shaped like Orbit's loop
+(`create_tf_while_loop_fn`): `strategy.run` directly in a `tf.while_loop` body, no nested `tf.function`, only the
+iterator fetch conditional. Keras' bookkeeping (callbacks, `optimizer.iterations`, `StopIteration`) is unchanged.
+Keras' epoch iterator asks for whole executions only, so `check_steps_per_execution` rejects an epoch that is not
+a multiple of `steps_per_execution` before training."""
 
 from __future__ import annotations
 

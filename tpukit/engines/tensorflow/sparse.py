@@ -1,36 +1,14 @@
 """Sparse (`tf.IndexedSlices`) gradients with repeated ids, combined before the optimizer sees them.
 
-The gradient of an `Embedding` lookup on TensorFlow is a `tf.IndexedSlices` with one slice per occurrence of an
-id in the batch. Keras 3's optimizers compute on it with sparse-aware ops that work slice by slice: Adam's
-`ops.square(gradient)` (keras/src/optimizers/adam.py line 125; `elementwise_unary`,
-keras/src/backend/tensorflow/sparse.py line 348) squares each occurrence before the sum, so the second moment of
-a row looked up twice holds g1^2 + g2^2 instead of (g1 + g2)^2 and the row moves by up to sqrt(2) * lr in the
-first step (tensorflow/tensorflow#28090). Lamb's second moment (keras/src/optimizers/lamb.py line 112), LARS'
-gradient norm and `clipnorm` see the same per-occurrence squares. JAX, and TensorFlow with a dense gradient,
-apply the optimizer to the summed gradient, as its definition says.
-
-`combine_repeated_ids` sums the slices of each id (as TF1's `_deduplicate_indexed_slices` did: `tf.unique` and
-`tf.math.unsorted_segment_sum`) at both places a sparse gradient reaches the optimizer:
-
-* `optimizer.apply` (one replica's gradients, before clipping and the cross-replica all-reduce), and
-* `optimizer.update_step` (one variable's gradient after the all-reduce; an all-reduce of `tf.IndexedSlices`
-  concatenates the replicas' slices, `TFOptimizer._backend_update_step` in
-  keras/src/backend/tensorflow/optimizer.py lines 113-125, so an id looked up on two replicas repeats again).
-
-Every element-wise op Keras keeps sparse maps 0 to 0 (ops that do not are `densifying_unary`), so an optimizer
-fed one slice per id computes what it computes on the dense gradient, while sparse-friendly updates (plain SGD)
-stay scatters. Both are public methods wrapped on the instance (no subclass, so `get_config`, `model.keras` and
-checkpoints are unchanged). Keras 3.15.1 line numbers; no private name is touched.
-
-Under XLA (`dense=True`: `jit_compile`, or a TPU, where the step is compiled whole) the sum goes into a dense
-gradient of the table's shape instead (`tf.convert_to_tensor`, an `unsorted_segment_sum` over the ids). `tf.unique`
-compiles there only with a bounded dynamic size, and the padded slices made the optimizer's update slow: on a 2-core
-x86 CPU (TF 2.21, Keras 3.15, Adam, XLA) keras-io's text classification transformer (20,000 x 32 table, 6,400 ids
-per batch) took 128 ms per step with `tf.unique` against 14 ms dense or uncombined, and a causal LM (256 x 128
-table, 4,096 ids) 53 ms against 50 ms (`benchmarks/vs_keras.py` rows). Adam's moments are updated densely either way
-(`ops.subtract(gradient, m)` densifies); only plain SGD's scatter becomes a whole-table update. Not measured on a
-TPU.
-"""
+An `Embedding` gradient on TensorFlow has one slice per occurrence of an id, and Keras 3's sparse-aware optimizer
+ops work slice by slice: Adam's `ops.square(gradient)` squares each occurrence before the sum, so a row looked up
+twice moves by up to sqrt(2) * lr (tensorflow/tensorflow#28090); Lamb, LARS and `clipnorm` see the same squares.
+`combine_repeated_ids` sums each id's slices (`tf.unique` + `unsorted_segment_sum`, as TF1 did) where a sparse
+gradient reaches the optimizer: `optimizer.apply` (per replica) and `optimizer.update_step` (after the all-reduce,
+which concatenates the replicas' slices). Both are public methods wrapped on the instance: no subclass, so
+`get_config`, `model.keras` and checkpoints are unchanged. Under XLA (`dense=True`) the sum becomes a dense
+gradient instead: `tf.unique` compiles there only with a bounded dynamic size, and its padded slices slow the
+update (docs/performance.md). Read from Keras 3.15.1 (`keras/src/optimizers/adam.py`)."""
 
 from __future__ import annotations
 
