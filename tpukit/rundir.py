@@ -6,23 +6,18 @@
     with RunLock(output_dir, files) as lock:
         write_text(files, os.path.join(output_dir, "metrics.json"), text)
 
-How the lock works, and what it promises where:
+The lock, by file system:
 
-* **Local disks** (and NFSv4, where Linux maps `flock` onto byte-range locks): an exclusive `flock` on
-  `output_dir/tpukit.lock`, held for the whole run. The kernel drops it when the process ends in any way (SIGKILL,
-  OOM kill, a crashed kernel of a notebook), so a crash never leaves a stale lock behind: the next run takes it. The
-  file holds who has it (host, pid, start time, command), which a refused run prints.
-* **Object stores (`gs://`) and file systems without `flock`** (some FUSE mounts): there is no lock to take, so the
-  file is a *lease*: written with the holder and a heartbeat refreshed every `HEARTBEAT_SECONDS` by a daemon
-  thread. A run refuses a lease whose heartbeat is younger than `STALE_AFTER_SECONDS`, unless its holder is a
-  process of this host that no longer exists. Two runs started within the same few seconds can both miss each
-  other's lease (an object store has no atomic create-if-absent here); `break_lock=True` (CLI `--break_lock`)
-  takes over a lease at once when its holder is known to be gone. This is the same trade Terraform makes for its
-  state locks on backends without locking (`terraform force-unlock`).
+* **Local disks** (and NFSv4): an exclusive `flock` on `output_dir/tpukit.lock` for the whole run. The kernel drops
+  it when the process ends in any way, so a crash never leaves a stale lock; the file names the holder (host, pid,
+  start time, command), which a refused run prints.
+* **Object stores (`gs://`) and file systems without `flock`**: the file is a *lease* whose heartbeat a daemon
+  thread refreshes every `HEARTBEAT_SECONDS`; a run refuses a lease younger than `STALE_AFTER_SECONDS` unless its
+  holder is a dead process of this host. Two runs started within seconds can both miss each other's lease (no
+  atomic create-if-absent); `break_lock=True` (`--break_lock`) takes over a lease whose holder is gone, as
+  `terraform force-unlock` does for state locks on backends without locking.
 
-The lock guards writers of training outputs. Evaluating a checkpoint (`mode="eval"`) takes no lock: it only reads
-checkpoints and writes `eval_metrics.json`, and evaluating while a run trains is a normal thing to do.
-"""
+Evaluating a checkpoint (`mode="eval"`) takes no lock: it only reads checkpoints and writes `eval_metrics.json`."""
 
 from __future__ import annotations
 

@@ -3,21 +3,16 @@
 Both sources give the same unbatched `(features, label)` examples, so a recipe switches between them by
 `data.source` alone:
 
-    features = {"user_id", "movie_id", "user_gender", "bucketized_user_age", "user_occupation_label"}
-               (scalar int32 each)
+    features = {"user_id", "movie_id", "user_gender", "bucketized_user_age", "user_occupation_label"}  # int32
     label    = user_rating (scalar float32, 1.0..5.0)
 
-Ids keep MovieLens' 1-based numbering, so an embedding table needs `VOCABULARY[variant][key]` rows (max id + 1;
-row 0 is never used by real data). Age is the index 0..6 of MovieLens-1M's age buckets (`AGE_BUCKETS`), gender is
-1 for male, and the occupation is TFDS's 22-class label.
-
-TFDS has a single "train" split of MovieLens; both sources split it the same way on every host, by a fixed
-function of the rating (a hash of "user:movie" for the real data, a fixed-seed permutation for the synthetic one),
-before sharding, so the hosts' shards of one split are disjoint and together make the whole split.
+Ids keep MovieLens' 1-based numbering, so an embedding table needs `VOCABULARY[variant][key]` rows (row 0 is never
+used by real data); age is the index of MovieLens-1M's `AGE_BUCKETS`, gender is 1 for male, occupation is TFDS's
+22-class label. TFDS has a single "train" split; both sources split it by a fixed function of each rating, the same
+on every host, before sharding, so the hosts' shards of one split are disjoint and make the whole split.
 
     examples = movielens("train", None, variant="100k-ratings")     # downloads once (~5 MB)
-    examples = movielens_synthetic("train", None)                     # no download, shaped like 100k-ratings
-"""
+    examples = movielens_synthetic("train", None)                     # no download, shaped like 100k-ratings"""
 
 from __future__ import annotations
 
