@@ -503,3 +503,42 @@ def test_shipped_recipe_full_check_at_full_size(name, local_files):
         assert set(failed) == {"input_ops"}  # mock_data's generator (see EXPECTED_BATCH)
     else:
         assert not failed
+
+
+def test_a_jax_recipe_is_checked_on_keras_jax_backend_as_the_jax_engine_trains():
+    """`tpukit check` of a jax-engine recipe runs its rules on Keras' JAX backend (its own process: the backend is
+    fixed at Keras' first import): the step compiled by XLA through JAX, the memory estimate traced as a jaxpr."""
+    import subprocess
+    import sys
+
+    from helpers import REPO
+
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    env.pop("KERAS_BACKEND", None)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tpukit",
+            "check",
+            "digits_cnn",
+            "--set",
+            "runtime.engine=jax",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout[result.stdout.index("{") :])
+    rules = {r["name"]: r for r in report["rules"]}
+    assert "Keras' JAX backend" in rules["mesh"]["message"]
+    assert (
+        rules["xla_step"]["status"] == "pass" and "compiled and ran" in rules["xla_step"]["message"]
+    )
+    assert rules["precision_step"]["status"] == "pass"
+    assert rules["memory"]["status"] == "pass" and "activations ~" in rules["memory"]["message"]
+    assert "TensorFlow backend as a proxy" not in result.stdout

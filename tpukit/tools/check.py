@@ -24,9 +24,9 @@ Before any TPU hour is spent, each rule below passes, warns or fails, and a fail
 * `mesh` (a recipe the jax engine trains on the TPU only, reported first: `runtime.engine: jax`, or `auto` where no
   TensorFlow TPU build is installed here, as on Colab and Kaggle): `runtime.mesh` fits the cores (`model`
   divides them; `data` x `model` is at most their number) and the global and eval batches divide by the `data`
-  axis; `batch` then counts per `data` shard (each device of a shard sees its whole batch). The other rules still
-  run on the TensorFlow backend, as a proxy for Keras on JAX (the same Keras model, XLA on this CPU), and `memory`
-  counts whole weights per core (an upper bound when `runtime.mesh.model` > 1 splits some).
+  axis; `batch` then counts per `data` shard (each device of a shard sees its whole batch). `tpukit check` runs the
+  other rules on Keras' JAX backend, as the jax engine trains (`check()` from Python: on the backend Keras loaded),
+  and `memory` counts whole weights per core (an upper bound when `runtime.mesh.model` > 1 splits some).
 * `embeddings` (a recipe whose model has `tables` only, reported after `mesh`): where keras-rs 0.4.0's
   `DistributedEmbedding` puts each table on this TPU type and engine, and why: SparseCore (TensorFlow's TPU
   embedding API V1/V2 by the embedding feature the generation reports), or HBM with the dense model (always on the
@@ -55,18 +55,21 @@ import dataclasses
 import json
 import logging
 import math
+import os
 import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from tpukit import engines
 from tpukit.engines.keras import flops
-from tpukit.engines.tensorflow import compat, keras_private
 from tpukit.engines.tensorflow import flops as tf_flops
+from tpukit.engines.tensorflow import keras_private
 from tpukit.environment import engine_choice
 from tpukit.planner import check_batch_sizes, eval_batch_size
 from tpukit.planner import hardware as performance
 from tpukit.planner.rules import PATH_SUFFIXES, Rule, Target, input_paths_rule  # noqa: F401
 from tpukit.recipe import Recipe, RecipeError, load_recipe, raw_recipe
+from tpukit.recipe.loading import requested_engine
 from tpukit.tools import start_tool
 
 RULES = (
@@ -759,7 +762,12 @@ def static_shapes_rule(context: _Context) -> Rule:
 
 
 def _first_batch(dataset):
+    """The first (features, labels) of `dataset`; as NumPy arrays on Keras' JAX backend, which takes no tf.Tensor."""
     batch = next(iter(dataset))
+    if engine_choice.keras_backend() == "jax":
+        import tensorflow as tf
+
+        batch = tf.nest.map_structure(lambda t: t.numpy(), batch)
     return batch[0], batch[1]
 
 
@@ -858,8 +866,8 @@ def precision_step_rule(context: _Context) -> tuple[Rule, Any, str]:
         {str(v.dtype) for v in model.weights} | {str(v.dtype) for v in model.optimizer.variables}
     )
     if variables != ["float32"] and not (
-        # The optimizer's step counter is an int64: not a weight.
-        set(variables) <= {"float32", "int64"}
+        # The optimizer's step counter is an integer (int64 on TensorFlow, int32 on JAX): not a weight.
+        set(variables) <= {"float32", "int64", "int32"}
     ):
         problems.append(f"variables in {', '.join(variables)} (Keras keeps them float32)")
     outputs = sorted({str(t.dtype.name) for t in logits})
@@ -935,6 +943,15 @@ def _activation_bytes(model, per_core_batch: int) -> float:
     return float(sum(sizes.values()))
 
 
+def _activations(model, per_core_batch: int) -> float:
+    """`_activation_bytes`, or the jax engine's trace of the same estimate on Keras' JAX backend."""
+    if engine_choice.keras_backend() == "jax":
+        from tpukit.engines.jax.activations import activation_bytes
+
+        return activation_bytes(model, per_core_batch)
+    return _activation_bytes(model, per_core_batch)
+
+
 def memory_check(context: _Context, model, policy: str) -> Rule:
 
     from tpukit import task
@@ -947,7 +964,7 @@ def memory_check(context: _Context, model, policy: str) -> Rule:
                 model = task.build_model(recipe, 10, False, 1)
             model.optimizer.build(model.trainable_variables)
             per_core = max(1, recipe.data.global_batch_size // context.target.cores)
-            activations = _activation_bytes(model, per_core)
+            activations = _activations(model, per_core)
     except Exception as error:  # noqa: BLE001 - the check reports any failure as its rule's finding
         return Rule(
             "memory", "skip", f"the model could not be built or traced: {_first_line(error)}"
@@ -962,6 +979,16 @@ def memory_check(context: _Context, model, policy: str) -> Rule:
         int(sum(math.prod(v.shape) for v in model.weights)),
         per_core,
         recipe.train.optimizer,
+    )
+
+
+def _backend_note() -> str:
+    if engine_choice.keras_backend() == "jax":
+        return (
+            "The rules below run on Keras' JAX backend, as the jax engine trains (XLA on this CPU)"
+        )
+    return (
+        "The rules below run on the TensorFlow backend as a proxy for Keras on JAX (the same model)"
     )
 
 
@@ -1002,8 +1029,8 @@ def mesh_rule(recipe: Recipe, target: Target) -> tuple[Rule, int | None]:
             ), None
     shown = (
         f"mesh data {data} x model {model} on {cores} core(s): global batch {recipe.data.global_batch_size} = "
-        f"{data} data shard(s) x {recipe.data.global_batch_size // data}. The rules below run on the TensorFlow "
-        "backend as a proxy for Keras on JAX (the same model); memory counts whole weights per core"
+        f"{data} data shard(s) x {recipe.data.global_batch_size // data}. {_backend_note()}; memory counts whole "
+        "weights per core"
         + (f" (an upper bound: mesh.model={model} splits some)." if model > 1 else ".")
     )
     if data * model < cores:
@@ -1056,7 +1083,7 @@ def check(
     Raises:
         RecipeError: the recipe is invalid, or an argument is (unknown rule, TPU type, cores).
     """
-    compat.check_tensorflow()
+    _rules_engine()
     recipe.validate()
     # The engine a run on the TPU would train with (`auto`: as it resolves there).
     recipe = recipe.with_engine(engine_choice.for_tpu(recipe.runtime.engine).engine)
@@ -1224,6 +1251,15 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     return parser
 
 
+def _rules_engine() -> str:
+    """The engine whose Keras backend the rules run on: the backend Keras loaded (or will load), after that engine's
+    checks (EngineUnavailableError, an ImportError, names the fix)."""
+    backend = engine_choice.keras_backend() or os.environ.get("KERAS_BACKEND", "tensorflow")
+    name = "jax" if backend == "jax" else "tensorflow"
+    engines.get(name)
+    return name
+
+
 def _rules_main(args) -> int:
     """The rules for `--cores` of `--tpu-type`: the report (or `--json`), exit 1 when one fails."""
     # None: not given (so that --topology can refuse them when they are)
@@ -1236,7 +1272,16 @@ def _rules_main(args) -> int:
             file=sys.stderr,
         )
         return 2
-    problem = start_tool()
+    # The rules run on the Keras backend of the engine the recipe trains with on the TPU; where Keras is loaded
+    # already (`main` called from Python), on the backend it loaded.
+    loaded = engine_choice.keras_backend()
+    if loaded is None:
+        from tpukit.environment.backend import use_engine
+
+        engine = use_engine(engine_choice.for_tpu(requested_engine(args.recipe, args.set)).engine)
+    else:
+        engine = "jax" if loaded == "jax" else "tensorflow"
+    problem = start_tool(engine)
     if problem:
         print(f"tpukit: error: {problem}", file=sys.stderr)
         return 1

@@ -47,15 +47,21 @@ def _sub_jaxprs(eqn):
                 yield inner
 
 
+def _variable(value) -> bool:
+    """A jaxpr variable, not a literal constant (which is neither hashable nor an activation)."""
+    return not hasattr(value, "val")
+
+
 def _walk(jaxpr, weights: set, sizes: dict) -> None:
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
-        if name in _PASS_THROUGH and eqn.invars and eqn.invars[0] in weights:
+        first = eqn.invars[0] if eqn.invars else None
+        if name in _PASS_THROUGH and _variable(first) and first in weights:
             weights.update(eqn.outvars)
         elif name in _MATRIX_PRIMITIVES:
             for var in (*eqn.invars, *eqn.outvars):
                 aval = getattr(var, "aval", None)
-                if var in weights or aval is None or not hasattr(aval, "shape"):
+                if not _variable(var) or var in weights or not hasattr(aval, "shape"):
                     continue
                 if jax.numpy.issubdtype(aval.dtype, jax.numpy.floating):
                     sizes[id(var)] = int(np.prod(aval.shape)) * aval.dtype.itemsize
@@ -63,7 +69,7 @@ def _walk(jaxpr, weights: set, sizes: dict) -> None:
             inner_weights = {
                 inner_var
                 for outer, inner_var in zip(eqn.invars, inner.invars, strict=False)
-                if outer in weights
+                if _variable(outer) and outer in weights
             }
             _walk(inner, inner_weights, sizes)
 
