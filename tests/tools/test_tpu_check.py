@@ -277,3 +277,15 @@ def test_switching_to_jax_after_tpukits_default_says_nothing_but_a_users_choice_
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=environment
     )
     assert "instead of KERAS_BACKEND='tensorflow'" in done.stderr
+
+
+def test_an_auto_recipe_is_noted_as_the_engine_a_run_on_that_tpu_would_take(monkeypatch):
+    from tpukit.environment import engine_choice
+    from tpukit.tools import tpu_check
+
+    monkeypatch.setattr(engine_choice, "tensorflow_tpu_installed", lambda: False)
+    assert tpu_check._engine_note("auto") == "jax"
+    assert tpu_check._engine_note("jax") == "jax"
+    assert "runtime.engine=tensorflow" in tpu_check._engine_note("tensorflow")
+    monkeypatch.setattr(engine_choice, "tensorflow_tpu_installed", lambda: True)
+    assert "runtime.engine=auto; compiled as the same Keras model" in tpu_check._engine_note("auto")

@@ -414,6 +414,19 @@ def report(
     return result
 
 
+def _engine_note(requested: str) -> str:
+    """ "jax", or why a recipe another engine trains is compiled on the jax engine's path (`auto`: the engine a run
+    on that TPU would take, from what is installed here)."""
+    from tpukit.environment import engine_choice
+
+    if engine_choice.for_tpu(requested).engine == "jax":
+        return "jax"
+    return (
+        f"the recipe trains on runtime.engine={requested}; compiled as the same Keras model on the jax engine's "
+        "path, the one JAX-only TPU runtimes (Colab, Kaggle) train on"
+    )
+
+
 def check_topology(
     recipe: Recipe,
     topology_name: str,
@@ -441,12 +454,8 @@ def check_topology(
         )
     engines.get("jax")  # the jax engine's checks (versions, the Keras backend), as a run makes them
     recipe.validate()
-    engine_note = "jax"
+    engine_note = _engine_note(recipe.runtime.engine)
     if recipe.runtime.engine != "jax":
-        engine_note = (
-            f"the recipe trains on runtime.engine={recipe.runtime.engine}; compiled as the same Keras model on the "
-            "jax engine's path, the one JAX-only TPU runtimes (Colab, Kaggle) train on"
-        )
         recipe = copy.deepcopy(recipe)
         recipe.runtime.engine = "jax"
     mesh_for(recipe, tpu.chips)  # refuse before anything is built
