@@ -261,7 +261,7 @@ def show_main(argv: list[str], prog: str = "tpukit show") -> int:
     from tpukit.environment.backend import use_engine
     from tpukit.recipe import RecipeError, load_recipe, raw_recipe, recipe_text
     from tpukit.recipe.catalogue import placeholder_error, recipe_name
-    from tpukit.recipe.loading import requested_engine
+    from tpukit.recipe.loading import requested_runtime
     from tpukit.tools import start_tool
 
     args = _show_parser(prog).parse_args(argv)
@@ -269,7 +269,7 @@ def show_main(argv: list[str], prog: str = "tpukit show") -> int:
     overrides = list(args.set) + ([f"runtime.tpu={json.dumps(args.tpu)}"] if args.tpu else [])
     try:
         raw_recipe(args.recipe, overrides)  # the quick refusals, before TensorFlow loads
-        engine = use_engine(requested_engine(args.recipe, overrides))
+        engine = use_engine(*requested_runtime(args.recipe, overrides))
         if engine == "jax":
             # Nothing is compiled: no compilation cache directory to make (tpukit.engines.jax.compilation_cache).
             os.environ["TPUKIT_JAX_COMPILATION_CACHE"] = "0"

@@ -81,7 +81,7 @@ def make_plan(
     """
     recipe.validate()
     # `auto` resolved once, for this process and machine; the plan, the task and the engine read the result.
-    choice = engine_choice.resolve(recipe.runtime.engine)
+    choice = engine_choice.resolve(recipe.runtime.engine, tpu_address=recipe.runtime.tpu)
     recipe = recipe.with_engine(choice.engine)
     engine = engines.get(choice.engine)
     evaluating = planner.check_request(recipe, mode, checkpoint)
@@ -220,7 +220,8 @@ def run(
     with phases.timed("plan"):
         recipe.validate()
         # `make_plan` resolves `auto` again, to the same engine (`engine_choice.resolve` keeps its first decision).
-        engine = engines.get(engine_choice.resolve(recipe.runtime.engine).engine)
+        choice = engine_choice.resolve(recipe.runtime.engine, tpu_address=recipe.runtime.tpu)
+        engine = engines.get(choice.engine)
         files = _files(engine, output_dir)
     lock: rundir.RunLock | None = None
 

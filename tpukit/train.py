@@ -23,7 +23,7 @@ from tpukit.environment.backend import use_engine
 from tpukit.logs import enable_logging
 from tpukit.recipe import RecipeError, load_recipe, raw_recipe
 from tpukit.recipe.catalogue import placeholder_error
-from tpukit.recipe.loading import requested_engine
+from tpukit.recipe.loading import requested_runtime
 from tpukit.tools import start_tool
 
 FLAGS = flags.FLAGS
@@ -96,7 +96,7 @@ def main(argv: list[str]) -> int:
     # Keras fixes its backend when first imported: set it from the recipe's runtime.engine (`auto` resolved here,
     # `tpukit.environment.engine_choice`) before anything imports Keras (the recipe's models and sources do),
     # whatever KERAS_BACKEND the shell had.
-    engine = use_engine(requested_engine(argv[1], overrides))
+    engine = use_engine(*requested_runtime(argv[1], overrides))
     problem = start_tool(engine)  # TensorFlow imported with its C++ start-up lines hidden
     if problem:
         print(f"tpukit: error: {problem}", file=sys.stderr)

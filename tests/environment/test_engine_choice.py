@@ -189,3 +189,36 @@ def test_the_choice_imports_no_tensorflow_keras_or_jax():
         f"{expected.describe()} {backend.BACKENDS[expected.engine]}",
         "[]",
     ]
+
+
+@pytest.mark.parametrize("address", ["grpc://10.0.0.2:8470", "my-tpu-node"])
+def test_a_runtime_tpu_to_connect_to_trains_on_tensorflow_even_without_tensorflow_tpu(
+    machine, address
+):
+    choice = engine_choice.resolve("auto", tpu_address=address)
+    assert choice.engine == "tensorflow"
+    assert (
+        choice.reason == f"auto: runtime.tpu={address!r} names a TPU that TPUStrategy connects to"
+    )
+
+
+def test_runtime_tpu_local_is_this_machines_tpu(machine, monkeypatch):
+    monkeypatch.setenv("TPU_ACCELERATOR_TYPE", "v5litepod-8")
+    assert engine_choice.resolve("auto", tpu_address="local").engine == "jax"
+    assert engine_choice.resolve("auto", tpu_address=None).engine == "jax"
+
+
+def test_the_command_line_reads_runtime_tpu_for_auto(tmp_path):
+    import yaml
+    from helpers import digits_recipe
+
+    from tpukit.recipe.loading import requested_runtime
+
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(digits_recipe()))
+    assert requested_runtime(str(path)) == ("auto", None)
+    assert requested_runtime(str(path), ["runtime.tpu=grpc://10.0.0.2:8470"]) == (
+        "auto",
+        "grpc://10.0.0.2:8470",
+    )
+    assert requested_runtime(str(path), ["runtime.engine=jax"]) == ("jax", None)

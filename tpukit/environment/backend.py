@@ -52,20 +52,21 @@ def require(name: str, engine: str) -> None:
 BACKENDS = {"tensorflow": "tensorflow", "jax": "jax"}
 
 
-def use_engine(engine: str) -> str:
+def use_engine(engine: str, tpu_address: str | None = None) -> str:
     """Makes Keras load `engine`'s backend (`runtime.engine`: "auto", "tensorflow" or "jax"), and returns the
     engine: `engine`, or the one `auto` chooses here (`tpukit.environment.engine_choice.resolve`).
 
     Call it before anything imports Keras (`tpukit.use_engine("auto")` in a notebook's first cell; the CLI does it
     from the recipe). Once Keras is imported its backend cannot change: a different one raises ImportError with
-    the fix (restart the process, or the notebook's runtime). A `KERAS_BACKEND` set for another backend is
+    the fix (restart the process, or the notebook's runtime). `tpu_address`: the recipe's `runtime.tpu`, which
+    `auto` reads. A `KERAS_BACKEND` set for another backend is
     replaced, with a warning: the recipe's engine decides.
     """
     if engine != engine_choice.AUTO and engine not in BACKENDS:
         raise ValueError(
             f"unknown engine {engine!r}; valid engines: {engine_choice.AUTO}, {', '.join(BACKENDS)}."
         )
-    engine = engine_choice.resolve(engine).engine
+    engine = engine_choice.resolve(engine, tpu_address=tpu_address).engine
     name = BACKENDS[engine]
     if "keras" in sys.modules:
         require(name, engine)

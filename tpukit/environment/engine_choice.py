@@ -5,7 +5,8 @@ The order, first match wins:
 
 1. Keras is already imported in this process (a notebook that imported it, `tpukit.fit` on the user's model): the
    engine of the backend it loaded, when that backend is one of the engines'.
-2. `$TF_CONFIG` describes a cluster: tensorflow (`MultiWorkerMirroredStrategy`).
+2. `$TF_CONFIG` describes a cluster, or `runtime.tpu` names a TPU to connect to (a name or grpc:// address, a TPU
+   Node): tensorflow (`MultiWorkerMirroredStrategy`, `TPUStrategy`).
 3. A TPU is attached (Colab's and Kaggle's TPU variables, GKE's, or the chips' device files): tensorflow when a
    TensorFlow TPU build (`tensorflow-tpu`) is installed, else jax, the only engine that runs on Colab's v5e-1,
    Kaggle's v5e-8 and TPU VMs with `jax[tpu]` (package metadata is read; nothing is imported).
@@ -115,10 +116,11 @@ def choose(
     backend=_LOOK,
     tpu: bool | None = None,
     tensorflow_tpu: bool | None = None,
+    tpu_address: str | None = None,
 ) -> EngineChoice:
     """The engine `auto` means here, in the module's order. Every argument defaults to this process and machine:
     `backend` the imported Keras' (None: not imported), `tpu` whether one is attached, `tensorflow_tpu` whether a
-    TensorFlow TPU build is installed (tests pass fakes)."""
+    TensorFlow TPU build is installed (tests pass fakes); `tpu_address`: the recipe's `runtime.tpu`."""
     environ = os.environ if environ is None else environ
     backend = keras_backend() if backend is _LOOK else backend
     if backend in ENGINES:
@@ -127,6 +129,11 @@ def choose(
         )
     if tf_config_cluster(environ):
         return EngineChoice("tensorflow", "auto: $TF_CONFIG describes a cluster")
+    if remote_tpu(tpu_address):
+        return EngineChoice(
+            "tensorflow",
+            f"auto: runtime.tpu={tpu_address!r} names a TPU that TPUStrategy connects to",
+        )
     if tpu_present(environ) if tpu is None else tpu:
         return on_tpu(tensorflow_tpu)
     return EngineChoice("tensorflow", "auto: no TPU is attached (GPUs or a CPU)")
@@ -137,7 +144,14 @@ _chosen: EngineChoice | None = (
 )
 
 
-def resolve(requested: str, environ: Mapping[str, str] | None = None) -> EngineChoice:
+def remote_tpu(tpu_address: str | None) -> bool:
+    """Whether `runtime.tpu` names a TPU to connect to (a TPU name or grpc:// address), not this machine's."""
+    return bool(tpu_address) and tpu_address != "local"
+
+
+def resolve(
+    requested: str, environ: Mapping[str, str] | None = None, tpu_address: str | None = None
+) -> EngineChoice:
     """The engine for `runtime.engine=requested`: an explicit one as it is, `auto` by `choose`. Once Keras is
     imported with the backend an earlier `auto` decision chose, that decision (and its reason) is returned."""
     global _chosen
@@ -151,7 +165,7 @@ def resolve(requested: str, environ: Mapping[str, str] | None = None) -> EngineC
     backend = keras_backend()
     if backend is not None and _chosen is not None and _chosen.engine == backend:
         return _chosen
-    choice = choose(environ, backend=backend)
+    choice = choose(environ, backend=backend, tpu_address=tpu_address)
     if backend is None:
         _chosen = choice
     return choice

@@ -314,13 +314,24 @@ def requested_engine(name_or_path: str, overrides: list[str] | tuple[str, ...] =
     """The `runtime.engine` a recipe (with its overrides) asks for, read without importing Keras, which fixes its
     backend when first imported: the CLI sets KERAS_BACKEND from it (`tpukit.use_engine`, which resolves "auto").
     "auto", the default, when the recipe does not say or cannot be read (`load_recipe` then reports why)."""
+    return requested_runtime(name_or_path, overrides)[0]
+
+
+def requested_runtime(
+    name_or_path: str, overrides: list[str] | tuple[str, ...] = ()
+) -> tuple[str, str | None]:
+    """(`requested_engine`, the recipe's `runtime.tpu` where it is a string, else None): what `auto` reads."""
     try:
         _, raw = _raw_recipe(name_or_path, overrides)
     except RecipeError:
-        return "auto"
+        return "auto", None
     runtime = raw.get("runtime") if isinstance(raw, dict) else None
-    engine = runtime.get("engine") if isinstance(runtime, dict) else None
-    return engine if engine in ("auto", "tensorflow", "jax") else "auto"
+    runtime = runtime if isinstance(runtime, dict) else {}
+    engine, tpu = runtime.get("engine"), runtime.get("tpu")
+    return (
+        engine if engine in ("auto", "tensorflow", "jax") else "auto",
+        tpu if isinstance(tpu, str) else None,
+    )
 
 
 def raw_recipe(name_or_path: str, overrides: list[str] | tuple[str, ...] = ()) -> tuple[str, Any]:
