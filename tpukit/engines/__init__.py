@@ -3,8 +3,10 @@ distribution, train, evaluate, export. Only engines touch `tf.distribute`, `kera
 Keras/TensorFlow internals (import-linter contracts in setup.cfg).
 
 Two: `tensorflow` (tf.distribute strategies and Keras' TensorFlow trainer) and `jax` (Keras on JAX with
-`keras.distribution`: data and model parallelism over a device mesh). Both implement the same functions; the
-recipe's `runtime.engine` picks one, and Keras' backend (fixed when Keras is first imported) must be that engine's.
+`keras.distribution`: data and model parallelism over a device mesh). Each engine module implements `Engine` and
+its checkpointer `Checkpointer` (`tpukit.engines.keras.protocols`, re-exported here), on the shared layer
+`tpukit.engines.keras`; the engines never import each other. The recipe's `runtime.engine` picks one (`auto`:
+`tpukit.environment.engine_choice`), and Keras' backend (fixed when Keras is first imported) must be that engine's.
 Each engine's `cpu.py` holds the tuning that only a run on CPUs gets; nothing of it acts on a TPU or GPU.
 """
 
@@ -12,6 +14,18 @@ from __future__ import annotations
 
 import functools
 import importlib
+
+from tpukit.engines.keras.protocols import Checkpointer, Engine
+
+__all__ = [
+    "ENGINES",
+    "Checkpointer",
+    "Engine",
+    "EngineUnavailableError",
+    "OutputDirError",
+    "get",
+    "unavailable",
+]
 
 # name -> (the check that runs first, as "module:function", importing nothing heavy itself; the engine module; what
 # must run after them and before the engine's devices are known, as "module:function", or None: the jax engine's
