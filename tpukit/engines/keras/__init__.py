@@ -8,3 +8,9 @@ one trainer per backend): `session` (the session, fit and evaluate over it, the 
 Nothing here imports an engine (`tpukit.engines.tensorflow`, `tpukit.engines.jax`): an import-linter contract in
 setup.cfg.
 """
+
+from tpukit.environment import backend as _backend
+
+# Before any module of this package imports Keras or TensorFlow: Keras fixes its backend at its first import, and
+# unless the user (or `tpukit.use_engine`) chose one, it is the engine `auto` chooses here.
+_backend.use_default()
