@@ -170,6 +170,7 @@ def _fit(module, name, output_dir, **extra):
 
 
 @pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.integration
 def test_keras_io_models_train_through_fit_as_in_plain_keras_and_export(tmp_path, examples, name):
     plain, plain_eval = _plain_keras(examples, name, CASES[name][0])
     metrics = _fit(examples, name, tmp_path / name)
@@ -300,6 +301,7 @@ def test_a_model_compiled_by_its_builder_keeps_its_optimizer_loss_and_metrics(tm
     assert metrics["eval"]["loss"] == pytest.approx(focal, rel=1e-5)
 
 
+@pytest.mark.integration
 def test_fit_takes_loss_and_metric_objects_and_evaluation_is_exact_on_two_replicas(tmp_path):
     from conftest import mirrored
 
@@ -484,6 +486,7 @@ def _two_head_data(n=128):
     return x, (x.sum(-1).astype("float32"), rng.integers(0, 3, n))
 
 
+@pytest.mark.integration
 def test_per_output_losses_and_metrics_as_keras_reads_them_and_the_builders_loss_weights(tmp_path):
     x, y = _two_head_data()
 

@@ -108,6 +108,7 @@ json.dump({"examples_per_second": 1.0, "steps_timed": 100, "time_to_first_step":
 """
 
 
+@pytest.mark.integration
 def test_interleaved_round_runs_one_variant_at_a_time_and_counts_only_its_running_time(
     tmp_path, monkeypatch
 ):

@@ -61,6 +61,7 @@ def tree(*roots) -> dict[str, float]:
 # ---- what a user sees first --------------------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_the_installed_script_trains_and_tpukits_line_comes_first_with_no_cpp_start_up_line(
     tmp_path,
 ):
@@ -83,6 +84,7 @@ def test_the_installed_script_trains_and_tpukits_line_comes_first_with_no_cpp_st
     assert os.path.exists(tmp_path / "run" / "metrics.json")
 
 
+@pytest.mark.integration
 def test_the_doctor_starts_quietly_and_still_reports(tmp_path):
     result = tpukit("doctor", "--json", cwd=str(tmp_path))
     assert result.returncode == 0, result.stderr[-3000:]
@@ -90,6 +92,7 @@ def test_the_doctor_starts_quietly_and_still_reports(tmp_path):
     assert cpp_lines(result.stderr) == [] and result.stderr == ""
 
 
+@pytest.mark.integration
 def test_a_users_tf_cpp_min_log_level_0_shows_every_cpp_line(tmp_path):
     # The old spelling too: `python -m tpukit.check` keeps working, and the user's choice wins over the quiet start.
     result = run(
@@ -107,6 +110,7 @@ def test_a_users_tf_cpp_min_log_level_0_shows_every_cpp_line(tmp_path):
 # ---- show ----------------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_show_prints_the_resolved_recipe_and_the_plan_on_the_jax_engine_and_writes_nothing(
     tmp_path,
 ):
@@ -135,6 +139,7 @@ def test_show_prints_the_resolved_recipe_and_the_plan_on_the_jax_engine_and_writ
     assert cpp_lines(result.stderr) == []
 
 
+@pytest.mark.integration
 def test_show_on_a_tpu_without_tensorflow_tpu_plans_on_the_jax_engine_and_says_why(tmp_path):
     """`runtime.engine: auto` (the recipe does not set it) on a faked Kaggle TPU runtime (ISTPUVM=1; JAX kept on
     the CPU): the engine is chosen before Keras loads, and the plan's first line says which and why."""

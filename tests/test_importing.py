@@ -27,6 +27,7 @@ def _test_accuracy(model) -> float:
     return float(np.mean(predictions == labels.numpy()))
 
 
+@pytest.mark.integration
 def test_model_and_data_in_a_plain_keras_script():
     keras.utils.set_random_seed(0)
     model = tpukit.models.small_cnn(input_shape=(8, 8, 1), num_classes=10)
@@ -41,6 +42,7 @@ def test_model_and_data_in_a_plain_keras_script():
     assert _test_accuracy(model) > 0.8  # chance: 0.1
 
 
+@pytest.mark.integration
 def test_model_and_data_in_a_custom_loop_on_two_replicas():
     keras.utils.set_random_seed(0)
     strategy = mirrored(2)
@@ -121,6 +123,7 @@ def test_tpukit_log_lines_follow_the_current_stderr(capsys):
         ),
     ],
 )
+@pytest.mark.integration
 def test_every_module_that_imports_keras_loads_it_on_tensorflow_whatever_keras_json_says(
     tmp_path, module
 ):

@@ -36,6 +36,7 @@ def test_phases_are_timed_split_and_reported_in_order(monkeypatch):
     assert later.to_json()["total"] == pytest.approx(0.01, abs=0.01)
 
 
+@pytest.mark.integration
 def test_a_run_reports_its_phases(tmp_path):
     from test_run import recipe
 
@@ -86,6 +87,7 @@ print("STEP", metrics["step"], "FROZEN", gc.get_freeze_count(), flush=True)
 
 
 @pytest.mark.parametrize("setting", [None, "0"])
+@pytest.mark.integration
 def test_the_exit_collection_skips_the_imports_but_a_users_files_are_flushed(tmp_path, setting):
     """Python's last cyclic collection over TensorFlow's and Keras' import-time objects took ~1.1 s of every such
     process's exit; tpukit freezes what is alive once a CPU run's devices are known (`TPUKIT_GC_FREEZE=0`: not). A user's

@@ -23,6 +23,7 @@ def recipe(**overrides):
     return from_dict(digits_recipe(**{**base, **overrides}), "digits_cnn.yaml")
 
 
+@pytest.mark.integration
 def test_resume_continues_from_the_last_checkpoint(tmp_path):
     first = run(recipe(), str(tmp_path))
     assert first["resumed_from_step"] == 0 and first["step"] == 44
@@ -33,6 +34,7 @@ def test_resume_continues_from_the_last_checkpoint(tmp_path):
     assert second["eval"]["accuracy"] >= 0.5
 
 
+@pytest.mark.integration
 def test_two_replicas_on_two_virtual_cpus(tmp_path):
     metrics = run(recipe(**{"train.epochs": 2}), str(tmp_path), strategy=mirrored(2))
     assert metrics["replicas"] == 2 and metrics["strategy"] == "MirroredStrategy"
@@ -98,6 +100,7 @@ def test_steps_per_execution_that_does_not_divide_the_epoch_lists_the_divisors(t
     assert "1, 2, 4, 11, 22, 44" in str(info.value)
 
 
+@pytest.mark.integration
 def test_auto_steps_per_execution_is_decided_from_the_model_and_recorded(tmp_path):
     import numpy as np
     from helpers import model_weights
@@ -141,6 +144,7 @@ def test_auto_steps_per_execution_is_decided_from_the_model_and_recorded(tmp_pat
         np.testing.assert_array_equal(ours, theirs)
 
 
+@pytest.mark.integration
 def test_the_whole_run_with_an_xla_compiled_train_step(tmp_path):
     # The TPU-readiness proxy: the full train step (model, loss, optimizer, metrics) compiles with XLA on the CPU.
     metrics = run(recipe(**{"runtime.jit_compile": True}), str(tmp_path))
@@ -165,6 +169,7 @@ class LoopProbe:
 
 
 @pytest.mark.parametrize("replicas", [1, pytest.param(2, marks=pytest.mark.slow)])
+@pytest.mark.integration
 def test_runtime_loop_tpukit_trains_like_keras_own_loop(tmp_path, replicas):
     # The escape hatch for a TPU whose Keras loop fails: tpukit's loop on any strategy, same numbers as Keras'.
     import keras
@@ -201,6 +206,7 @@ def test_runtime_loop_keras_where_keras_fails_is_refused_before_training(tmp_pat
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.integration
 def test_a_peak_cached_under_load_is_timed_again_and_mfu_stays_at_most_one(tmp_path, monkeypatch):
     """A cached peak far below what the digits CNN reaches (as if timed under load) is timed again when the
     run reports, the cache rises to the new timing, and the reported MFU is against it (never above 1)."""
@@ -250,6 +256,7 @@ def _tiny_lm(eval_split=None, epochs=1, **runtime):
     )
 
 
+@pytest.mark.integration
 def test_a_resumed_run_and_eval_mode_choose_xla_as_the_recipes_training_did(tmp_path, monkeypatch):
     from tpukit.planner import hardware
 
@@ -267,6 +274,7 @@ def test_a_resumed_run_and_eval_mode_choose_xla_as_the_recipes_training_did(tmp_
     assert run(lm, str(tmp_path), mode="eval")["jit_compile"] is True
 
 
+@pytest.mark.integration
 def test_a_cpu_run_compiles_an_attention_model_with_xla_and_a_cnn_without(tmp_path, monkeypatch):
     from tpukit.engines.tensorflow import sparse
     from tpukit.planner import hardware

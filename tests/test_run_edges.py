@@ -39,6 +39,7 @@ def _stopped_at(tmp_path, step=5, signals="SIGTERM", **overrides):
         return run(recipe(**overrides), str(tmp_path))
 
 
+@pytest.mark.integration
 def test_a_directory_in_use_is_refused_before_anything_is_written(tmp_path):
     out = tmp_path / "run"
     with rundir.RunLock(str(out)):
@@ -52,6 +53,7 @@ def test_a_directory_in_use_is_refused_before_anything_is_written(tmp_path):
 
 
 @pytest.mark.parametrize("damage", ["", '{"status": "do', "not json at all"])
+@pytest.mark.integration
 def test_a_damaged_metrics_json_does_not_stop_the_rerun_of_a_finished_run(tmp_path, caplog, damage):
     run(recipe(), str(tmp_path))
     (tmp_path / "metrics.json").write_text(damage)
@@ -66,6 +68,7 @@ def test_a_damaged_metrics_json_does_not_stop_the_rerun_of_a_finished_run(tmp_pa
     assert json.loads((tmp_path / "metrics.json").read_text())["step"] == 12  # whole again
 
 
+@pytest.mark.integration
 def test_a_damaged_recipe_yaml_is_survived_with_a_warning(tmp_path, caplog):
     _stopped_at(tmp_path)
     (tmp_path / "recipe.yaml").write_text("model: [unclosed")
@@ -76,6 +79,7 @@ def test_a_damaged_recipe_yaml_is_survived_with_a_warning(tmp_path, caplog):
     assert "train:" in (tmp_path / "recipe.yaml").read_text()  # rewritten whole
 
 
+@pytest.mark.integration
 def test_a_changed_recipe_is_refused_on_resume_and_accepted_by_name(tmp_path):
     assert _stopped_at(tmp_path)["status"] == "preempted"
     before = (_checkpoints(tmp_path), (tmp_path / "recipe.yaml").read_text())
@@ -115,6 +119,7 @@ def test_a_changed_recipe_is_refused_on_resume_and_accepted_by_name(tmp_path):
     )  # the accepted recipe is the run's recipe now: no change left to refuse
 
 
+@pytest.mark.integration
 def test_runtime_changes_resume_without_a_question(tmp_path):
     _stopped_at(tmp_path)
     metrics = run(
@@ -123,6 +128,7 @@ def test_runtime_changes_resume_without_a_question(tmp_path):
     assert metrics["status"] == "done" and metrics["resumed_from_step"] == 5
 
 
+@pytest.mark.integration
 def test_the_cli_refuses_a_changed_recipe_with_exit_2_and_the_flag(tmp_path):
     _stopped_at(tmp_path)
     args = [
@@ -154,6 +160,7 @@ class _CtrlC(keras.callbacks.Callback):
             os.kill(os.getpid(), signal.SIGINT)
 
 
+@pytest.mark.integration
 def test_ctrl_c_finishes_the_step_saves_and_a_rerun_resumes(tmp_path):
     with pytest.raises(TrainingInterrupted) as stopped:
         run(recipe(), str(tmp_path), callbacks=[_CtrlC(at=3)])
@@ -179,6 +186,7 @@ def test_ctrl_c_finishes_the_step_saves_and_a_rerun_resumes(tmp_path):
     )
 
 
+@pytest.mark.integration
 def test_a_second_ctrl_c_stops_at_once_without_saving(tmp_path):
     with pytest.raises(KeyboardInterrupt) as stopped:
         _stopped_at(tmp_path, step=5, signals="SIGINT,SIGINT")
@@ -189,6 +197,7 @@ def test_a_second_ctrl_c_stops_at_once_without_saving(tmp_path):
     assert run(recipe(), str(tmp_path))["status"] == "done"
 
 
+@pytest.mark.integration
 def test_the_cli_exits_130_on_ctrl_c_with_one_line(tmp_path):
     args = [
         "digits_cnn",
@@ -206,6 +215,7 @@ def test_the_cli_exits_130_on_ctrl_c_with_one_line(tmp_path):
     assert "stopped at once by Ctrl-C" in result.stderr
 
 
+@pytest.mark.integration
 def test_a_changed_resolved_precision_is_refused_and_accepted_by_name(tmp_path):
     _stopped_at(tmp_path, **{"runtime.precision": "float32"})
     with pytest.raises(RecipeError) as refused:
@@ -219,6 +229,7 @@ def test_a_changed_resolved_precision_is_refused_and_accepted_by_name(tmp_path):
     assert metrics["status"] == "done" and metrics["precision"] == "mixed_bfloat16"
 
 
+@pytest.mark.integration
 def test_an_unfinished_checkpoint_save_is_cleared_by_the_next_run(tmp_path):
     _stopped_at(tmp_path)
     leftover = (
@@ -269,6 +280,7 @@ def test_exports_are_written_whole_and_a_failed_export_keeps_the_previous_one(
     assert serve(np.zeros((1, 3), "float32")).shape == (1, 2)
 
 
+@pytest.mark.integration
 def test_best_keras_is_written_under_a_temporary_name_then_renamed(tmp_path, monkeypatch):
     saved = []
     original = keras.Model.save

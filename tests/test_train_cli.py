@@ -35,6 +35,7 @@ def snapshot(output_dir):
     return {f: os.path.getmtime(f) for f in files if os.path.isfile(f)}
 
 
+@pytest.mark.integration
 def test_one_epoch_trains_evaluates_and_writes_every_output(trained):
     output_dir, result = trained
     assert result.returncode == 0, result.stderr[-3000:]
@@ -68,6 +69,7 @@ def test_one_epoch_trains_evaluates_and_writes_every_output(trained):
     )
 
 
+@pytest.mark.integration
 def test_rerunning_the_same_command_resumes_instead_of_starting_over(trained):
     output_dir, _ = trained
     result = run_cli("recipes/digits_cnn.yaml", "--output_dir", output_dir, *FAST)
@@ -114,6 +116,7 @@ def test_rerunning_the_same_command_resumes_instead_of_starting_over(trained):
         (["--mode=bogus"], "flag --mode=bogus: value should be one of <train_and_eval|train|eval>"),
     ],
 )
+@pytest.mark.integration
 def test_bad_input_exits_2_with_a_message_and_leaves_outputs_intact(trained, args, expected):
     output_dir, _ = trained
     before = snapshot(output_dir)
@@ -143,6 +146,7 @@ def test_a_recipe_that_is_not_utf8_exits_2(tmp_path):
     assert "Traceback" not in result.stderr and not os.path.exists(tmp_path / "out")
 
 
+@pytest.mark.integration
 def test_rerunning_a_finished_run_keeps_its_training_measurements(trained):
     output_dir, _ = trained
     with open(os.path.join(output_dir, "metrics.json")) as f:

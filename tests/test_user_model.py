@@ -66,6 +66,7 @@ def user_recipe(**train):
 
 
 @pytest.mark.parametrize("replicas", [1, pytest.param(2, marks=pytest.mark.slow)])
+@pytest.mark.integration
 def test_a_user_model_and_source_by_module_path_train_and_resume_after_sigterm(
     tmp_path, user_package, replicas
 ):
@@ -131,6 +132,7 @@ def build():
 
 
 @pytest.mark.parametrize("replicas", [1, pytest.param(2, marks=pytest.mark.slow)])
+@pytest.mark.integration
 def test_fit_trains_your_model_on_arrays_and_resumes_after_sigterm(tmp_path, replicas):
     x, y = _arrays()
     strategy = mirrored(2) if replicas == 2 else None
@@ -475,6 +477,7 @@ def _attention_model(with_py_function: bool):
 
 
 @pytest.mark.parametrize("with_py_function", [False, True], ids=["xla", "no-xla-kernel"])
+@pytest.mark.integration
 def test_fit_compiles_an_attention_model_with_xla_or_trains_it_without(
     tmp_path, with_py_function, caplog, monkeypatch
 ):

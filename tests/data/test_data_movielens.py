@@ -198,6 +198,7 @@ def test_synthetic_shards_are_disjoint_and_make_the_split(split):
 
 
 @pytest.mark.parametrize("split", ["train", "test"])
+@pytest.mark.integration
 def test_real_shards_are_disjoint_and_make_the_split(split):
     with tfds.testing.mock_data(num_examples=300):
         whole = _rows(ml.movielens(split, variant="1m-ratings"))

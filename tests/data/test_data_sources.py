@@ -51,6 +51,7 @@ def test_every_source_is_covered(source_options):
 
 @pytest.mark.parametrize("source", sorted(data.SOURCES))
 @pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
+@pytest.mark.integration
 def test_training_and_eval_batches_have_static_shapes(source, policy, source_options):
     keras.mixed_precision.set_global_policy(policy)
     recipe = _recipe(source, source_options[source])

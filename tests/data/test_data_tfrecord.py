@@ -81,6 +81,7 @@ def test_file_level_sharding_splits_files_between_pipelines(files):
     assert sorted(seen) == list(range(30))
 
 
+@pytest.mark.integration
 def test_fewer_files_than_pipelines_falls_back_to_records_with_a_warning(files, caplog):
     seen = []
     with caplog.at_level(logging.WARNING, logger="tpukit"):

@@ -42,6 +42,7 @@ def _recipe(tmp_path, skip_corrupt):
     return str(path)
 
 
+@pytest.mark.integration
 def test_a_corrupt_image_stops_the_run_with_its_file_and_record(tmp_path):
     result = run_cli(_recipe(tmp_path, False), "--output_dir", str(tmp_path / "out"))
     assert result.returncode == 2, result.stderr[-3000:]

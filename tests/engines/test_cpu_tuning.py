@@ -66,6 +66,7 @@ def _unrolls() -> bool:
     return cpu.threefry_choice(metadata.version("jax"), "").unrolled
 
 
+@pytest.mark.integration
 def test_on_cpus_the_jax_engines_tuning_acts():
     result = _jax("cpu")
     report = result["report"]
@@ -90,6 +91,7 @@ def _nothing_acted(result: dict, why: str) -> None:
     assert result["started_early"] == 0  # `export` starts it
 
 
+@pytest.mark.integration
 def test_on_a_tpu_host_no_xla_flags_are_added_and_nothing_else_acts():
     # A TPU VM's variable, JAX left to pick its platforms: the devices may be the TPU's, so no flag is added.
     result = _jax("tpu", JAX_PLATFORMS=None, TPU_ACCELERATOR_TYPE="v5litepod-8")
@@ -100,6 +102,7 @@ def test_on_a_tpu_host_no_xla_flags_are_added_and_nothing_else_acts():
     _nothing_acted(result, "the devices are tpu, not CPUs")
 
 
+@pytest.mark.integration
 def test_flags_added_on_a_wrong_guess_are_taken_back_once_the_devices_are_known():
     # JAX_PLATFORMS=cpu guesses CPUs; the devices (faked) are a TPU's.
     result = _jax("tpu")
@@ -137,6 +140,7 @@ print("RESULT " + json.dumps(seen))
 """
 
 
+@pytest.mark.integration
 def test_the_tensorflow_engine_freezes_the_heap_on_cpus_only():
     seen = run_jax_snippet(TF_CHILD, "", drop=SWITCHES, KERAS_BACKEND="tensorflow")
     assert seen["tpu"] == [

@@ -54,6 +54,7 @@ CHILD = textwrap.dedent(
 
 
 @pytest.mark.parametrize("name", sorted(ENGINES))
+@pytest.mark.integration
 def test_each_engine_implements_the_protocols_with_the_other_engine_unimportable(name):
     other = next(n for n in ENGINES if n != name)
     env = dict(os.environ, KERAS_BACKEND=name, TF_CPP_MIN_LOG_LEVEL="2")

@@ -110,6 +110,7 @@ def test_builds_uncompiled_with_float32_logits(name):
 
 
 @pytest.mark.parametrize("name", WITH_RESNET50_SLOW)
+@pytest.mark.integration
 def test_saved_model_loads_back_and_predicts_the_same(name, tmp_path):
     model = MODELS[name](**TINY[name])
     x, _ = _batch(model)
@@ -125,6 +126,7 @@ def test_saved_model_loads_back_and_predicts_the_same(name, tmp_path):
 
 
 @pytest.mark.parametrize("name", WITH_RESNET50_SLOW)
+@pytest.mark.integration
 def test_one_xla_train_step(name):
     model = MODELS[name](**TINY[name])
     x, y = _batch(model)
@@ -144,6 +146,7 @@ def test_one_xla_train_step(name):
 
 
 @pytest.mark.parametrize("name", WITH_RESNET50_SLOW)
+@pytest.mark.integration
 def test_one_mixed_bfloat16_train_step(name):
     # XLA is covered above; compiling bfloat16 with XLA on CPU is slow and adds nothing here.
     keras.mixed_precision.set_global_policy("mixed_bfloat16")

@@ -39,6 +39,7 @@ def _tf_run(output_dir, strategy=None, overrides=()):
     return metrics, recorder.losses
 
 
+@pytest.mark.integration
 def test_tensorflow_engine_two_replicas_give_the_one_replica_losses(tmp_path):
     one, one_losses = _tf_run(tmp_path / "one")
     two, two_losses = _tf_run(tmp_path / "two", strategy=mirrored(2))

@@ -133,6 +133,7 @@ CPP_LOG_LINE = re.compile(
 )
 
 
+@pytest.mark.integration
 def test_a_fresh_kernel_starts_the_engine_quietly(tmp_path):
     """The notebooks' engine cell, verbatim, in a fresh kernel with the user's environment (no
     TF_CPP_MIN_LOG_LEVEL): its output is its own line, and no C++ start-up line. A second cell writes to fd 2 as

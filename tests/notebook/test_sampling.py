@@ -108,6 +108,7 @@ def test_right_padding_is_invisible_to_the_read_position_of_causal_lm():
     assert sampling.sample(model, real, 1).tolist() == [int(np.argmax(a[0, 4]))]
 
 
+@pytest.mark.integration
 def test_a_causal_lm_trained_on_a_repeating_text_continues_it_after_a_save_and_load(tmp_path):
     text = b"abcdefgh" * 64
     ids = np.frombuffer(text, np.uint8).astype(np.int32)

@@ -288,6 +288,7 @@ def test_the_cli_refuses_each_case_before_building_anything(place, name, expecte
     )  # and `place` checks that nothing was created or changed
 
 
+@pytest.mark.integration
 def test_the_same_command_finishes_once_the_file_is_moved_away(tmp_path):
     (tmp_path / "run").write_text("notes")
     args = ("recipes/digits_cnn.yaml", "--output_dir", str(tmp_path / "run"), *FAST)

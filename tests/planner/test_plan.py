@@ -108,6 +108,7 @@ def test_the_plan_reads_the_resume_step_and_refuses_a_steps_per_execution_that_c
         tpukit.plan(recipe(**{"runtime.steps_per_execution": 2}), output_dir=str(tmp_path))
 
 
+@pytest.mark.integration
 def test_a_run_restores_the_callers_global_dtype_policy(tmp_path):
     keras.mixed_precision.set_global_policy("mixed_float16")
     tpukit.run(recipe(**{"train.epochs": 1, "runtime.precision": "float32"}), str(tmp_path))

@@ -546,6 +546,7 @@ def _clean(tmp: str) -> str:
 
 @FAST
 @given(case=cases())
+@pytest.mark.integration
 def test_every_mutation_loads_or_is_refused_naming_the_key(scratch, case):
     check_load(case, _clean(scratch))
 

@@ -140,6 +140,7 @@ def _load(name, *overrides):
 
 
 @pytest.mark.parametrize("name", RECIPE_NAMES)
+@pytest.mark.integration
 def test_model_matches_the_pipeline_at_full_size(name, local_data, mock_tfds):
     """The recipe's own model accepts its data's features and has a logit for every label."""
     # Only what must point at local files changes: model and data sizes are the recipe's.
@@ -188,6 +189,7 @@ def _training_cases():
 
 
 @pytest.mark.parametrize("name,replicas", _training_cases())
+@pytest.mark.integration
 def test_trains_two_steps(name, replicas, local_data, mock_tfds, tmp_path):
     overrides = [
         "train.epochs=1",
@@ -257,6 +259,7 @@ def _recount(recipe, model_path) -> tuple[int, int, int]:
     return count, correct, total
 
 
+@pytest.mark.integration
 def test_language_model_recipes_evaluate(local_data, tmp_path):
     recipe = _load(
         "textfiles_char_lm",

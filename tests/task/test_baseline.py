@@ -63,6 +63,7 @@ def _linear():
     return keras.Model(inputs, keras.layers.Dense(1)(inputs))
 
 
+@pytest.mark.integration
 def test_an_output_with_no_trivial_baseline_says_why_and_the_run_still_ends_well(tmp_path):
     # Per-token labels (a language model): no baseline here; the run says so instead of failing at its last line.
     metrics, done = _run(

@@ -280,6 +280,7 @@ def test_lars_under_xla_matches_eager():
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.integration
 def test_lars_on_two_replicas_matches_one_device():
     # Reduce without TF collectives: every MirroredStrategy object numbers its collective groups from 1, so one
     # created here makes the next test's strategy fail its all-reduce ("joining a group that is already full").

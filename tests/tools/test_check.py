@@ -303,6 +303,7 @@ def test_memory_counts_the_built_optimizer_state():
     assert rule.status == "fail", rule
 
 
+@pytest.mark.integration
 def test_a_good_recipe_passes_every_rule_and_logs_each_line_once():
     logger = logging.getLogger("tpukit")
     said = _Said()
@@ -449,6 +450,7 @@ def test_every_recipe_has_an_expected_verdict():
 
 
 @pytest.mark.parametrize("name", RECIPE_NAMES)
+@pytest.mark.integration
 def test_shipped_recipe_cheap_rules(name, local_files):
     with tfds.testing.mock_data(num_examples=2048):
         overrides = [*local_files.get(name, []), *MOCK_OVERRIDES.get(name, [])]
@@ -505,6 +507,7 @@ def test_shipped_recipe_full_check_at_full_size(name, local_files):
         assert not failed
 
 
+@pytest.mark.integration
 def test_a_jax_recipe_is_checked_on_keras_jax_backend_as_the_jax_engine_trains():
     """`tpukit check` of a jax-engine recipe runs its rules on Keras' JAX backend (its own process: the backend is
     fixed at Keras' first import): the step compiled by XLA through JAX, the memory estimate traced as a jaxpr."""

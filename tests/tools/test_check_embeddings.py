@@ -314,6 +314,7 @@ def test_unknown_rule_lists_embeddings():
         check_lib.check(from_dict(digits_recipe(), path="d.yaml"), rules=["embedding"])
 
 
+@pytest.mark.integration
 def test_every_rule_runs_on_the_recommender_recipe_with_named_inputs():
     """The other rules on a model of several named int32 inputs (they once assumed one tensor input)."""
     recipe = tpukit.load_recipe(

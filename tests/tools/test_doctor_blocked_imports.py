@@ -303,6 +303,7 @@ TOOLS = {
 
 
 @pytest.mark.parametrize("module", sorted(TOOLS))
+@pytest.mark.integration
 def test_every_tool_without_tensorflow_says_what_to_install_and_writes_nothing(tmp_path, module):
     out = tmp_path / "out"
     argv = [a.format(out=out) for a in TOOLS[module]]

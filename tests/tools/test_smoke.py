@@ -34,6 +34,7 @@ def _paths(report):
     return {p["name"]: p for p in report["paths"]}
 
 
+@pytest.mark.integration
 def test_every_path_passes_on_the_default_strategy(cpu_report):
     report, _ = cpu_report
     assert [p["name"] for p in report["paths"]] == list(smoke.PATHS)
@@ -60,6 +61,7 @@ def test_every_path_passes_on_the_default_strategy(cpu_report):
     assert (0 < mfu <= 1) if mfu is not None else "above that peak" in source, (mfu, source)
 
 
+@pytest.mark.integration
 def test_outputs_match_the_report(cpu_report):
     """The runs' own files: the resumed run ended at 2 epochs, and its exact eval accuracy equals an
     example-by-example count from the exported model over the synthetic test split."""
@@ -80,6 +82,7 @@ def test_outputs_match_the_report(cpu_report):
     np.testing.assert_allclose(np.asarray(serve(x)), model.predict(x, verbose=0), atol=1e-5)
 
 
+@pytest.mark.integration
 def test_report_block_is_shareable(cpu_report):
     report, _ = cpu_report
     text = smoke.format_report(report)
@@ -92,6 +95,7 @@ def test_report_block_is_shareable(cpu_report):
     json.dumps(report)  # --json prints it as it is
 
 
+@pytest.mark.integration
 def test_a_broken_export_fails_that_path_and_exits_1(tmp_path, monkeypatch, capsys):
     def broken(*args, **kwargs):
         raise OSError("SavedModel unreadable (simulated)")

@@ -53,6 +53,7 @@ def jax_report(tmp_path_factory):
     return done, json.loads(done.stdout), str(output_dir)
 
 
+@pytest.mark.integration
 def test_every_path_passes_on_a_data_by_model_mesh(jax_report):
     done, report, _ = jax_report
     assert {p["name"]: p["status"] for p in report["paths"]} == dict.fromkeys(
@@ -83,6 +84,7 @@ def test_every_path_passes_on_a_data_by_model_mesh(jax_report):
     assert "using the Keras 'jax' backend instead of KERAS_BACKEND='tensorflow'" in done.stderr
 
 
+@pytest.mark.integration
 def test_the_report_names_the_engine_and_the_mesh(jax_report):
     _, report, output_dir = jax_report
     text = smoke.format_report(report)

@@ -36,6 +36,7 @@ def two_runs(tmp_path_factory):
     return tmp_path, first, second
 
 
+@pytest.mark.integration
 def test_a_second_process_loads_what_the_first_compiled(two_runs):
     tmp_path, (first, _), (second, _) = two_runs
     cache = tmp_path / "home" / "tpukit" / "jax_compilation_cache"
@@ -44,6 +45,7 @@ def test_a_second_process_loads_what_the_first_compiled(two_runs):
     assert second["cache_hits"] >= len([c for c in first["compiles"] if c[0] == "train_step"]) + 4
 
 
+@pytest.mark.integration
 def test_a_run_from_the_cache_trains_the_same_weights(two_runs):
     _, (first, _), (second, _) = two_runs
     assert second["losses"] == first["losses"]

@@ -68,6 +68,7 @@ def lm_runs(tmp_path_factory):
     return runs
 
 
+@pytest.mark.integration
 def test_model_parallel_2x4_gives_the_single_device_losses(lm_runs):
     _, one = lm_runs[(1, 1)]
     _, mesh = lm_runs[(2, 4)]
@@ -80,6 +81,7 @@ def test_model_parallel_2x4_gives_the_single_device_losses(lm_runs):
     assert mesh["metrics"]["engine"] == "jax" and mesh["metrics"]["strategy"] == "ModelParallel"
 
 
+@pytest.mark.integration
 def test_the_kernels_really_are_split_over_the_model_axis(lm_runs):
     _, mesh = lm_runs[(2, 4)]
     shards = mesh["shards"]
@@ -98,6 +100,7 @@ def test_the_kernels_really_are_split_over_the_model_axis(lm_runs):
     assert one["metrics"]["sharded"] == {}
 
 
+@pytest.mark.integration
 def test_sigkill_then_rerun_ends_with_the_uninterrupted_weights(lm_runs, tmp_path):
     out = str(tmp_path / "killed")
     config = {"recipe": "textfiles_char_lm", "overrides": SMALL_LM + _mesh(2, 4), "output_dir": out}
@@ -126,6 +129,7 @@ def test_sigkill_then_rerun_ends_with_the_uninterrupted_weights(lm_runs, tmp_pat
         np.testing.assert_array_equal(resumed, uninterrupted)
 
 
+@pytest.mark.integration
 def test_the_export_serves_the_trained_model(lm_runs):
     import tensorflow as tf
 
@@ -182,6 +186,7 @@ def test_one_process_trains_with_one_engine(tmp_path):
     assert not os.path.exists(tmp_path / "out")
 
 
+@pytest.mark.integration
 def test_the_cli_picks_the_backend_from_the_recipe(tmp_path):
     """KERAS_BACKEND=tensorflow in the environment (run_cli sets it): the recipe's engine still decides."""
     done = run_cli(
@@ -233,6 +238,7 @@ def test_the_start_line_names_the_devices_the_mesh_and_the_processes():
     )
 
 
+@pytest.mark.integration
 def test_an_engine_does_not_resume_the_other_engines_checkpoints(tmp_path):
     trained = tmp_path / "tf"
     done = train_in_process(
@@ -301,6 +307,7 @@ def test_the_two_engines_give_the_same_losses_from_the_same_weights(optimizer, t
 DIGITS = ["train.epochs=2", "train.steps_per_epoch=4", "runtime.verbose=0"]
 
 
+@pytest.mark.integration
 def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path):
     out = str(tmp_path / "run")
     config = {"recipe": "digits_cnn", "overrides": DIGITS, "output_dir": out}
@@ -316,6 +323,7 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path):
     np.testing.assert_allclose(again["losses"], first["losses"][4:], atol=1e-6)
 
 
+@pytest.mark.integration
 def test_divergence_rolls_back_then_stops_with_the_fix(tmp_path):
     config = {
         "name": "diverges",
@@ -388,6 +396,7 @@ def test_steps_per_execution_early_stopping_best_model_tensorboard_and_bfloat16(
     assert trained.get_layer("block0_conv1").dtype_policy.name == "mixed_bfloat16"
 
 
+@pytest.mark.integration
 def test_batch_end_work_stays_on_the_main_thread():
     """Keras on JAX hands batch-end log conversions to a thread pool unless a callback overrides the hooks; on a
     mesh that deadlocked the CPU collectives of a long evaluation. Checked in a JAX process (on TensorFlow Keras

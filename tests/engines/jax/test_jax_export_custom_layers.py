@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import tensorflow as tf
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -71,6 +72,7 @@ def _fit(tmp_path, where: str, broken: bool = False):
     return out, exported, done.stderr
 
 
+@pytest.mark.integration
 def test_a_layer_from_the_users_module_is_exported(tmp_path):
     out, exported, _ = _fit(tmp_path, "module")
     assert exported == ["keras", "saved_model"]
@@ -79,6 +81,7 @@ def test_a_layer_from_the_users_module_is_exported(tmp_path):
     assert tuple(served.shape) == (2, 2)
 
 
+@pytest.mark.integration
 def test_a_layer_defined_in_the_script_leaves_model_keras_and_says_the_fix(tmp_path):
     out, exported, stderr = _fit(tmp_path, "script")
     assert exported == ["keras"] and (out / "model.keras").exists()
@@ -86,6 +89,7 @@ def test_a_layer_defined_in_the_script_leaves_model_keras_and_says_the_fix(tmp_p
     assert "Fix: define the model's own layers in a module of yours" in stderr
 
 
+@pytest.mark.integration
 def test_a_module_that_cannot_load_in_the_exporting_process_is_named(tmp_path):
     out, exported, stderr = _fit(tmp_path, "module", broken=True)
     assert exported == ["keras"] and (out / "model.keras").exists()

@@ -45,6 +45,7 @@ def jax_runs(tmp_path_factory):
     return {mesh: (run, result) for mesh, run, result in zip(meshes, runs, results, strict=True)}
 
 
+@pytest.mark.integration
 def test_jax_engine_gives_the_same_losses_unsplit_data_parallel_and_with_split_tables(jax_runs):
     _, one = jax_runs[(1, 1)]
     for mesh in ((8, 1), (2, 4)):
@@ -58,6 +59,7 @@ def test_jax_engine_gives_the_same_losses_unsplit_data_parallel_and_with_split_t
     assert jax_runs[(2, 4)][1]["metrics"]["strategy"] == "ModelParallel"
 
 
+@pytest.mark.integration
 def test_the_tables_really_are_split_by_rows_and_padded_to_the_model_axis(jax_runs):
     shards = jax_runs[(2, 4)][1]["shards"]
     # movie_id: 1,683 ids padded to 1,684 rows, a quarter on each device of a model group.
@@ -69,6 +71,7 @@ def test_the_tables_really_are_split_by_rows_and_padded_to_the_model_axis(jax_ru
     assert unsplit["embedding/movie_id/embeddings"]["shape"] == [1683, 32]  # no axis: no padding
 
 
+@pytest.mark.integration
 def test_jax_engine_resumes_a_sigkilled_run_with_split_tables_to_the_same_weights(
     jax_runs, tmp_path
 ):

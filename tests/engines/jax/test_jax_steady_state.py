@@ -33,6 +33,7 @@ def runs(tmp_path_factory):
 
 
 @pytest.mark.parametrize("name", ["auto", "mesh"])
+@pytest.mark.integration
 def test_the_train_and_test_steps_compile_once_in_the_first_epoch(runs, name):
     compiles = runs[name]["compiles"]  # [function, epoch of fit (None: outside fit)]
     assert [c for c in compiles if c[0] == "train_step"] == [["train_step", 0]], compiles
@@ -46,6 +47,7 @@ def test_the_train_and_test_steps_compile_once_in_the_first_epoch(runs, name):
     )
 
 
+@pytest.mark.integration
 def test_steps_per_execution_auto_is_the_same_on_two_runs_and_says_why(runs):
     first, again = runs["auto"]["metrics"], runs["auto_again"]["metrics"]
     assert first["steps_per_execution"] == again["steps_per_execution"]
@@ -59,6 +61,7 @@ def test_steps_per_execution_auto_is_the_same_on_two_runs_and_says_why(runs):
     assert "rule" in why
 
 
+@pytest.mark.integration
 def test_the_run_records_the_xla_cpu_flags_it_added(runs):
     # child.py starts with XLA_FLAGS naming the virtual devices only; on jaxlib 0.10 with TensorFlow 2.21 the engine
     # adds its flag (test_jax_xla_flags.py), elsewhere the reason says why not.
@@ -70,12 +73,14 @@ def test_the_run_records_the_xla_cpu_flags_it_added(runs):
         assert recorded["reason"].startswith("--xla_cpu_experimental_ynn_fusion_type: ")
 
 
+@pytest.mark.integration
 def test_a_steps_per_execution_from_the_recipe_is_kept_and_recorded(runs):
     metrics = runs["mesh"]["metrics"]
     assert metrics["steps_per_execution"] == 2 and metrics["mesh"] == {"data": 2, "model": 1}
     assert metrics["steps_per_execution_decision"] == {"setting": 2, "rule": "set in the recipe"}
 
 
+@pytest.mark.integration
 def test_the_export_process_started_early_exports_and_ends(runs):
     for result in runs.values():
         exported = result["metrics"]["exported"]
@@ -83,6 +88,7 @@ def test_the_export_process_started_early_exports_and_ends(runs):
         assert result["open_exports"] == 0
 
 
+@pytest.mark.integration
 def test_the_run_records_its_threefry_lowering(runs):
     # jax 0.10 gets the unrolled CPU lowering (test_jax_threefry.py); another jax says why not.
     from importlib import metadata

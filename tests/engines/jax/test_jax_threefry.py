@@ -55,6 +55,7 @@ def _measured_jax() -> bool:
 @pytest.mark.skipif(
     not _measured_jax(), reason="the unrolled lowering is registered on jax 0.10 only"
 )
+@pytest.mark.integration
 def test_the_unrolled_lowering_draws_the_same_bits_without_the_while_loop():
     result = _child()
     assert result["choice"]["unrolled"] is True, result
@@ -67,6 +68,7 @@ def test_the_unrolled_lowering_draws_the_same_bits_without_the_while_loop():
 @pytest.mark.skipif(
     not _measured_jax(), reason="the unrolled lowering is registered on jax 0.10 only"
 )
+@pytest.mark.integration
 def test_the_engine_registers_it_once_its_devices_are_cpus():
     result = _child("engine")
     assert result["choice"]["unrolled"] is True, result
@@ -74,6 +76,7 @@ def test_the_engine_registers_it_once_its_devices_are_cpus():
     assert result["same_bits"] and result["same_mask"], result
 
 
+@pytest.mark.integration
 def test_the_switch_keeps_jaxs_own_lowering():
     result = _child(**{cpu.CPU_THREEFRY_ENV: "rolled"})
     assert result["choice"] == {

@@ -45,6 +45,7 @@ needs_measured_jaxlib = pytest.mark.skipif(
 
 
 @needs_measured_jaxlib
+@pytest.mark.integration
 def test_the_weight_gradient_compiles_to_xlas_convolution_with_the_flag_and_to_ynnpack_without():
     added = _child()
     assert added["flags"]["added"] == [FLAG] and added["XLA_FLAGS"] == FLAG
@@ -56,6 +57,7 @@ def test_the_weight_gradient_compiles_to_xlas_convolution_with_the_flag_and_to_y
 
 
 @needs_measured_jaxlib
+@pytest.mark.integration
 def test_the_users_own_xla_flags_are_kept_and_others_are_added_to():
     mine = "--xla_cpu_experimental_ynn_fusion_type=-individual_dot"
     kept = _child(XLA_FLAGS=mine)
@@ -69,6 +71,7 @@ def test_the_users_own_xla_flags_are_kept_and_others_are_added_to():
 
 
 @needs_measured_jaxlib
+@pytest.mark.integration
 def test_a_backend_started_before_the_engine_gets_no_flags_and_the_reason_says_how_to_get_them():
     started = _child("started")
     assert started["flags"]["added"] == [] and started["XLA_FLAGS"] == "" and started["ynn"]

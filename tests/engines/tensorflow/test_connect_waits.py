@@ -487,6 +487,7 @@ def test_the_cli_exits_1_within_seconds_for_a_tpu_where_nothing_listens(
 # ---- a TPU address that accepts TCP and never answers gRPC: the real command ------------------------------------
 
 
+@pytest.mark.integration
 def test_a_tpu_that_never_answers_ends_at_the_timeout_with_progress_lines_cause_and_fix(tmp_path):
     output_dir = tmp_path / "run"
     with listener() as port:

@@ -148,6 +148,7 @@ def assert_matches_one_device(replicas):
     ]  # 6 eval batches: the second execution ran 2 steps and stopped cleanly
 
 
+@pytest.mark.integration
 def test_two_replicas_with_steps_per_execution_match_one_device():
     assert_matches_one_device(2)
 
@@ -214,6 +215,7 @@ def test_models_that_keras_handles_are_left_untouched():
     assert use_multi_step_loop(uncompiled) is False
 
 
+@pytest.mark.integration
 def test_stock_keras_fails_on_two_replicas_so_these_tests_exercise_the_bug():
     """keras-team/keras#19246. In a subprocess: the failed collective step must not poison this process's strategy."""
     script = textwrap.dedent(

@@ -56,6 +56,7 @@ def exported_counts(output_dir):
 
 
 @pytest.mark.parametrize("replicas", [1, pytest.param(2, marks=pytest.mark.slow)])
+@pytest.mark.integration
 def test_eval_is_exact_when_eval_steps_do_not_divide_by_steps_per_execution(tmp_path, replicas):
     # 360 test images / 32 = 12 eval steps; steps_per_execution 11 (a divisor of the 44-step epoch) does not
     # divide 12: the second execution of each eval pass must end where the finite pass ends (1 batch in).
@@ -243,6 +244,7 @@ class PoisonWeights(keras.callbacks.Callback):
             self.fired += 1
 
 
+@pytest.mark.integration
 def test_weights_that_are_not_finite_are_never_checkpointed(tmp_path):
     poison = PoisonWeights(
         at=10
@@ -273,6 +275,7 @@ EARLY = {
 
 
 @pytest.mark.parametrize("checkpoint_every_steps", [None, pytest.param(22, marks=pytest.mark.slow)])
+@pytest.mark.integration
 def test_early_stopping_survives_a_restart_and_a_stopped_run_stays_stopped(
     tmp_path, checkpoint_every_steps
 ):
@@ -325,6 +328,7 @@ def _truncate(path, size):
         *(pytest.param(d, marks=pytest.mark.slow) for d in ("data", "missing_index", "state_file")),
     ],
 )
+@pytest.mark.integration
 def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, damage, caplog):
     output_dir = str(tmp_path)
     _train_with_checkpoints(output_dir)
@@ -358,6 +362,7 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, da
         )
 
 
+@pytest.mark.integration
 def test_when_no_checkpoint_can_be_read_the_run_stops_and_deletes_nothing(tmp_path):
     output_dir = str(tmp_path)
     _train_with_checkpoints(output_dir)
@@ -392,6 +397,7 @@ def test_a_bad_checkpoint_path_and_a_missing_checkpoint_are_refused_before_any_m
         run(recipe(), str(tmp_path), mode="eval")
 
 
+@pytest.mark.integration
 def test_eval_mode_decides_no_steps_per_execution(tmp_path, caplog, monkeypatch):
     from tpukit.engines.keras import flops
 

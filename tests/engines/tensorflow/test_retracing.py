@@ -120,6 +120,7 @@ def check_traced_once(counter: TraceCounter, metrics: dict, replicas: int) -> No
 
 
 @pytest.mark.parametrize("replicas", [1, pytest.param(2, marks=pytest.mark.slow)])
+@pytest.mark.integration
 def test_one_trace_per_run_across_epochs_validation_checkpoints_and_a_resumed_run(
     tmp_path, replicas
 ):
@@ -140,6 +141,7 @@ def test_one_trace_per_run_across_epochs_validation_checkpoints_and_a_resumed_ru
     check_traced_once(resumed, metrics, replicas)
 
 
+@pytest.mark.integration
 def test_the_counter_sees_a_retrace(tmp_path):
     """The check is not vacuous: recompiling the model between fits (which rebuilds its functions) is counted."""
     counter = TraceCounter()

@@ -96,6 +96,7 @@ def test_one_adam_step_moves_every_looked_up_row_by_the_learning_rate(
     assert not moved[[0, 6]].any()
 
 
+@pytest.mark.integration
 def test_steps_per_execution_on_two_replicas_match_dense_gradients(tmp_path, monkeypatch):
     # Two replicas with steps_per_execution > 1 run tpukit's own loop (loop.py), which calls the optimizer itself.
     combined = _fit_embeddings(
@@ -172,6 +173,7 @@ def _dense(make):
 
 
 @pytest.mark.parametrize("name", list(OPTIMIZERS))
+@pytest.mark.integration
 def test_each_optimizer_updates_as_with_dense_gradients(name):
     make = OPTIMIZERS[name]
     _assert_same(_train(_combined(make), IDS, LABELS), _train(_dense(make), IDS, LABELS))

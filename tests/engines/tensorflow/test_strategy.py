@@ -331,6 +331,7 @@ def test_a_tpu_that_stays_silent_times_out_before_tensorflow_connects(fake_tpu):
     assert "--set runtime.tpu_timeout_seconds=60" in message
 
 
+@pytest.mark.integration
 def test_a_tpu_system_that_does_not_initialize_in_time_is_an_error_or_a_fallback(
     fake_tpu, monkeypatch
 ):

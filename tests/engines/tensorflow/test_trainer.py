@@ -91,6 +91,7 @@ class PoisonWeights(keras.callbacks.Callback):
             self.fired += 1
 
 
+@pytest.mark.integration
 def test_a_nan_is_rolled_back_to_the_last_checkpoint_and_training_finishes(tmp_path):
     poison = PoisonWeights(at=15)
     metrics = run(
@@ -131,6 +132,7 @@ def scalar_tags(directory):
     return tags
 
 
+@pytest.mark.integration
 def test_tensorboard_has_metrics_learning_rate_and_throughput_at_optimizer_steps(tmp_path):
     run(recipe(), str(tmp_path))
     train = scalar_tags(os.path.join(tmp_path, "logs", "train"))
@@ -153,6 +155,7 @@ def test_tensorboard_has_metrics_learning_rate_and_throughput_at_optimizer_steps
     ]
 
 
+@pytest.mark.integration
 def test_eval_mode_evaluates_the_saved_checkpoint_exactly(tmp_path):
     trained = run(recipe(), str(tmp_path))
     evaluated = run(recipe(), str(tmp_path), mode="eval")
@@ -161,6 +164,7 @@ def test_eval_mode_evaluates_the_saved_checkpoint_exactly(tmp_path):
     assert os.path.isfile(os.path.join(tmp_path, "eval_metrics.json"))
 
 
+@pytest.mark.integration
 def test_early_stopping_and_best_model_export(tmp_path):
     # A zero learning rate never improves val_loss, so patience 0 stops after the second epoch of five.
     metrics = run(
@@ -180,6 +184,7 @@ def test_early_stopping_and_best_model_export(tmp_path):
     assert os.path.isfile(os.path.join(tmp_path, "best.keras"))
 
 
+@pytest.mark.integration
 def test_profile_steps_records_a_profiler_trace(tmp_path):
     run(recipe(**{"train.epochs": 1, "runtime.profile_steps": [3, 5]}), str(tmp_path))
     traces = tf.io.gfile.glob(
@@ -238,6 +243,7 @@ def test_epoch_end_saves_are_skipped_while_they_would_cost_more_than_the_overhea
     assert again["resumed_from_step"] == 176 and again["step"] == 176
 
 
+@pytest.mark.integration
 def test_a_run_that_stops_early_saves_its_stop_although_the_bound_would_skip_that_epoch(tmp_path):
     # patience 0 after a tiny learning rate: early stopping ends the run at an epoch end the bound would skip.
     settings = {
@@ -289,6 +295,7 @@ def test_a_save_is_due_once_the_time_since_the_last_outweighs_its_cost(tmp_path,
 @pytest.mark.parametrize(
     "at", [100, pytest.param(132, marks=pytest.mark.slow)]
 )  # in the third epoch; at the very last step
+@pytest.mark.integration
 def test_a_nan_late_in_a_short_run_rolls_back_with_the_default_checkpoint_cadence(tmp_path, at):
     # 3 epochs of 44 steps take ~1 s: the default bound skips the epoch-end saves, but a new run saves its initial
     # weights, so a rollback has a checkpoint to go back to (before, the run failed: "nothing to roll back to").
@@ -300,6 +307,7 @@ def test_a_nan_late_in_a_short_run_rolls_back_with_the_default_checkpoint_cadenc
     assert metrics["nan_skipped_examples"] > 0
 
 
+@pytest.mark.integration
 def test_checkpoint_every_steps_keeps_its_cadence_across_a_resume_at_a_step_never_saved(tmp_path):
     # SIGTERM at step 30 saves ckpt-30; the rerun's partial epoch ends at 44 without a save (tight bound), and the
     # next fit segment must count from 30 (the last checkpoint), not from 44: saves at 0, 30, 70, 110, 132.
@@ -315,6 +323,7 @@ def test_checkpoint_every_steps_keeps_its_cadence_across_a_resume_at_a_step_neve
     assert _checkpoint_steps(tmp_path) == [0, 30, 70, 110, 132]
 
 
+@pytest.mark.integration
 def test_weighted_loss_is_still_logged_without_label_smoothing(tmp_path):
     # Without smoothing no WeightedLoss metric is compiled; the exact cross-entropy is logged under both names, so
     # readers of metrics.json, TensorBoard and the history find `weighted_loss` as before.
