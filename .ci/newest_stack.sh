@@ -71,7 +71,9 @@ names = {i[\"metadata\"][\"name\"].lower() for i in json.load(open(\"/tmp/tpu.js
 assert not names & {\"tensorflow-tpu\", \"libtpu\"}, names
 print(\"newest stack: .[tpu] adds no tensorflow-tpu on Python 3.13\")
 "
-/work/venv/bin/python -m pytest -q -p no:cacheprovider $TESTS
+# The unit and integration tiers of those tests (the jax engine runs are integration tests).
+/work/venv/bin/python -m pytest -q -p no:cacheprovider \
+    -m "not slow and not cluster and not network and not root and not tpu_compile" $TESTS
 # A new output directory: the cached root keeps /tmp, and a run there would resume, not train.
 run="$(mktemp -d)"
 cd "$run"

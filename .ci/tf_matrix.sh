@@ -40,7 +40,9 @@ for version in "${versions[@]}"; do
     # The jax engine's tests are left to the suite on the newest TensorFlow (.ci/run): here TensorFlow only feeds
     # their tf.data, and they would add ~4 min per version.
     # shellcheck disable=SC2086  # TESTS is a list of paths
+    # The unit and integration tiers: what the default tier held before the integration marker.
     (cd "$SOURCE" && "$venv/bin/python" -m pytest -q -p no:cacheprovider --ignore=tests/engines/jax \
+        -m "not slow and not cluster and not network and not root and not tpu_compile" \
         --ignore=tests/tools/test_smoke_jax.py --junitxml="$work/tf-$version.xml" ${TESTS:-}) >>"$log" 2>&1
     code=$?
     counts=$("$PYTHON" - "$work/tf-$version.xml" <<'EOF'
