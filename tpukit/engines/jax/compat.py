@@ -13,9 +13,9 @@ import os
 
 from tpukit.environment import backend, quiet, versions
 
-# Tested JAX minors: >= JAX_TESTED[0] and < JAX_TESTED[1] (setup.cfg's `jax` extra declares the same range): 0.10.2
-# measured here (CPython 3.11); 0.12 is what issue 20's measurements used (CPython 3.12). Outside it the engine
-# refuses to run unless $TPUKIT_ALLOW_UNTESTED_JAX=1.
+# Tested JAX minors: >= JAX_TESTED[0] and < JAX_TESTED[1] (setup.cfg's `jax` extra declares the same range; the
+# stacks that ran are `tpukit.environment.versions.TESTED_STACKS`). Outside it the engine refuses to run unless
+# $TPUKIT_ALLOW_UNTESTED_JAX=1.
 JAX_TESTED = ((0, 10), (0, 13))
 ALLOW_UNTESTED_JAX = "TPUKIT_ALLOW_UNTESTED_JAX"
 

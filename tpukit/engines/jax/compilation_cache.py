@@ -1,12 +1,9 @@
 """The jax engine's persistent compilation cache: a later process loads what an earlier one compiled.
 
-JAX compiles every jitted computation at its first call in each process. For the small CNN of
-`benchmarks/vs_keras.py --quick` on a 2-core x86 CPU that is ~4 s of a ~13 s process: one XLA compile per
-kernel shape for Keras' random initializers (`jax.random.uniform`, 0.2-0.6 s each) while the model is built,
-and the train step's. With JAX's persistent compilation cache
-(https://docs.jax.dev/en/latest/persistent_compilation_cache.html) the next run of the recipe loads them from
-disk: build 4.0 -> 0.4-0.5 s, first step 2.4 -> 0.9 s (three runs of that row's tpukit process, cold then warm).
-MaxText turns the same cache on by default (its `jax_cache_dir`).
+JAX compiles every jitted computation at its first call in each process: one XLA compile per kernel shape for
+Keras' random initializers while the model is built, and the train step's. With JAX's persistent compilation cache
+(https://docs.jax.dev/en/latest/persistent_compilation_cache.html) the next run of the recipe loads them from disk
+(what that saves is in docs/performance.md). MaxText turns the same cache on by default (its `jax_cache_dir`).
 
 What tpukit sets, once per process, before anything is compiled:
 

@@ -285,10 +285,8 @@ def _compiled(
     the_plan: Plan, distribution, steps_per_execution: int, total_steps: int, resuming=False
 ):
     recipe = the_plan.recipe
-    # One device in one process: built as plain Keras builds it (`_needs_mesh`), no layouts to place. A reviewer
-    # found no compile saved by this on Keras 3.15.1 (it jit-compiles an initializer with its sharding only for
-    # variables of 250 MB and more); the build's compiles (one per initializer shape) are what the persistent
-    # compilation cache saves. The values are the same.
+    # One device in one process: built as plain Keras builds it (`_needs_mesh`), no layouts to place; the values
+    # are the same either way.
     mesh = _needs_mesh(the_plan.strategy)
     with distribution.scope() if mesh else contextlib.nullcontext():
         try:

@@ -19,7 +19,7 @@ them).
     failure = export.run(keras_path, output_dir)   # None once output_dir/saved_model is written
     export.close()                      # ends it if it was never asked (idempotent)
 
-benchmarks/README.md has what the early start saved on the 2-core CPU benchmark.
+On an accelerator it starts at `export` (`tpukit.engines.jax.cpu`); benchmarks/README.md has what it saves on a CPU.
 """
 
 from __future__ import annotations
@@ -145,7 +145,7 @@ def main(argv: list[str]) -> int:
     os.environ["KERAS_BACKEND"] = "tensorflow"
     # Modules Keras and TensorFlow import when installed that loading and exporting a model never use (Keras'
     # scikit-learn wrappers and plot utilities, TFLite's JAX hooks): an import of a name set to None raises
-    # ImportError, which each of them catches. ~1.2 s of the ~3.5 s of imports on a 2-core CPU.
+    # ImportError, which each of them catches: a third of this process's imports (docs/performance.md).
     for unused in UNUSED_HERE:
         sys.modules.setdefault(unused, None)
     import keras  # noqa: F401 - imported now, while the run builds its model: `export.main` needs it
