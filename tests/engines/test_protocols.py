@@ -1,5 +1,5 @@
 """Each engine implements the `Engine` and `Checkpointer` protocols (`tpukit.engines.keras.protocols`), and loads
-with the other engine's package made unimportable: removing an engine is deleting its folder."""
+with the other engine's package made unimportable: neither engine needs the other."""
 
 import inspect
 import os
