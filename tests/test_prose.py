@@ -24,7 +24,6 @@ LONGER_FOR_NOW = {
     "notebook/colab.py": 27,
     "tools/doctor.py": 27,
     "tools/smoke.py": 31,
-    "engines/tensorflow/waiting.py": 41,
     "tools/check.py": 47,
 }
 

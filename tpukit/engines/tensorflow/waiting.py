@@ -1,41 +1,13 @@
 """Bounded waits: a TPU to answer and a TF_CONFIG cluster's workers to start, each with a timeout, a progress line
 every 30 s, and SIGTERM / Ctrl-C answered at once.
 
-Why tpukit waits here, in Python, before calling TensorFlow (read in TensorFlow 2.21's sources and measured with its
-CPU wheel on the development machine):
-
-- TensorFlow's blocking calls hold the GIL, so nothing else in the process runs Python while they wait: no log
-  line, no timer, no Python signal handler (Python runs handlers only between bytecodes of the main thread).
-  `tf.config.experimental_connect_to_cluster` blocks in `pywrap_tfe.TFE_ContextSetServerDefWithTimeoutAndRetries`
-  with `timeout = 0  # Indicates no timeout.` (tensorflow/python/eager/context.py lines 734-741, reached from
-  `connect_to_cluster` in eager/remote.py); measured: a ticker thread stopped ticking for as long as it waited on
-  a port that accepts TCP and never speaks gRPC (the issue saw the same wait past 300 s where nothing listens). And
-  `MultiWorkerMirroredStrategy()` blocks in `pywrap_tfe.TFE_EnableCollectiveOps` (context.py line 745, from
-  `context.context().ensure_initialized()` at distribute/collective_all_reduce_strategy.py line 602) until every
-  chief/worker task has connected to the coordination service ("Waiting for 1/2 tasks to connect", forever).
-- Once that coordination service starts, TensorFlow's C++ catches SIGTERM itself (a preemption notifier:
-  /proc/PID/status SigCgt has SIGTERM set during the wait, not after `import tensorflow`), so a worker waiting for
-  a peer that never comes outlives a plain `kill` (14+ minutes in the issue).
-- MultiWorkerMirroredStrategy's own start-up barrier (`_start_check_health_thread`, collective_all_reduce_strategy.py
-  lines 1043-1073, bounded by `_check_health_initial_timeout`, 0 = none) is skipped when the coordination service
-  is on (lines 581-584 set `_enable_check_health = False`), and the service's `cluster_register_timeout_in_ms`
-  (`context.configure_coordination_service`) did not end the leader's wait: with 10 s, still waiting at 45 s.
-
-So tpukit waits, in Python, for the thing TensorFlow would wait for, and calls TensorFlow once it should not wait:
-
-- a TPU at grpc://host:port (`--tpu`, `$TPU_NAME`, `$COLAB_TPU_ADDR`, or the workers of a named TPU): until each
-  address answers the HTTP/2 handshake every gRPC server sends first (`probe(..., handshake=True)`). Connection
-  refused, a host name that does not resolve, or an answer that is not HTTP/2 is known at the first probe.
-- the workers of a TF_CONFIG cluster: until every other chief/worker task's port accepts a TCP connection
-  (`wait_until` with `probe`). Meanwhile each worker listens on its own port (`Placeholder`) so that workers that
-  wait for each other see each other; it closes just before TensorFlow starts its gRPC server on that port, and a
-  peer that connects to it in between is refused or reset, which TensorFlow retries like a peer not started yet
-  (measured: the leader, then the other worker, kept answering this way for 6 s after the other had entered
-  TensorFlow; both connected and all-reduced).
-- the TPU system initialization (1-3 minutes on a slice) does release the GIL (eagerly executed functions do;
-  measured), so `call_bounded` runs it in a daemon thread while the main thread waits. A process whose daemon
-  thread is still inside a TensorFlow op exits normally (measured: `sys.exit(1)` beside a thread blocked in a
-  queue's dequeue op exited with status 1).
+Why in Python, before calling TensorFlow: TensorFlow's connecting calls (`experimental_connect_to_cluster`, the
+collective ops a `MultiWorkerMirroredStrategy` starts) block without a timeout while holding the GIL, so no log
+line, timer or Python signal handler runs, and its coordination service then catches SIGTERM itself. So tpukit
+waits for what TensorFlow would wait for (a TPU's gRPC handshake, every peer's port: `probe`, `wait_until`, with
+each worker listening on its own port meanwhile: `Placeholder`) and runs the TPU system's initialization, which
+releases the GIL, in a daemon thread (`call_bounded`). docs/tpu.md ("Why tpukit waits in Python") has the
+TensorFlow 2.21 sources and the measurements behind this.
 
 What remains unbounded: a peer or TPU that answers and then dies before TensorFlow finishes its handshake.
 Nothing here imports TensorFlow.
