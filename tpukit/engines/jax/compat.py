@@ -3,7 +3,8 @@ the JAX backend, and TensorFlow (the CPU build: tf.data reads the input) importa
 the engine needs (`backends_started`, `register_unrolled_threefry_on_cpu`: `tpukit.engines.jax.cpu` uses them).
 
 JAX 0.10 is the newest release for CPython 3.11 (jax >= 0.11 needs Python >= 3.12); Keras 3.15's JAX trainer and
-`keras.distribution` were measured with 0.10.2 on 8 virtual CPU devices (tests/engines/jax/).
+`keras.distribution` are tested on 8 virtual CPU devices (tests/engines/jax/) with the JAX releases of
+`tpukit.environment.versions.TESTED_STACKS`.
 """
 
 from __future__ import annotations
