@@ -664,21 +664,16 @@ def _peak_flops(the_plan: Plan, at_least: float | None = None) -> tuple[float | 
     unit_name = "GPU(s)" if gpu else "host(s)"
     # A GPU is timed with JAX: TensorFlow's CPU build, which the jax engine reads data with, sees no GPU.
     label = f"GPU {kind} (jax)" if gpu else flops.detect_device_kind("default")
-    try:
-        per_unit, cached = flops.measured_peak_flops(
-            label,
-            None,
-            size,
-            dtype,
-            measure=_jax_matmul_flops if gpu else None,
-            at_least=None if at_least is None else at_least / units,
-        )
-    except Exception as error:  # noqa: BLE001 - MFU is a report: it must never stop a run
-        return None, f"measuring the peak FLOP/s failed ({type(error).__name__}: {error}); no MFU"
-    how = "cached" if cached else ("timed again" if at_least is not None else "measured")
-    return per_unit * units, (
-        f"{how} {dtype} {size}x{size} matmul peak of {kind if gpu else label}: "
-        f"{per_unit / 1e9:.1f} GFLOP/s x {units} {unit_name}"
+    return flops.units_peak_flops(
+        label,
+        None,
+        size,
+        dtype,
+        units,
+        unit_name,
+        at_least=at_least,
+        measure=_jax_matmul_flops if gpu else None,
+        shown=kind if gpu else label,
     )
 
 

@@ -388,20 +388,41 @@ def device_peak_flops(
         units, unit_name = num_devices, "GPU(s)"
     else:
         units, unit_name = _cpu_hosts(num_devices), "host(s)"
+    return units_peak_flops(
+        device_kind, cache_path, matrix_size, dtype, units, unit_name, at_least=at_least
+    )
+
+
+def units_peak_flops(
+    device_kind: str,
+    cache_path: str | None,
+    matrix_size: int,
+    dtype: str,
+    units: int,
+    unit_name: str,
+    *,
+    at_least: float | None = None,
+    measure: Callable[[int, str], float] | None = None,
+    shown: str | None = None,
+) -> tuple[float | None, str]:
+    """`measured_peak_flops` of one unit (a GPU, or a host whose CPU devices share its cores) times `units`, and
+    where it comes from (`shown`: the device named there, default `device_kind`); None and why when the
+    measurement fails. Both engines' CPU/GPU peaks come from here."""
     try:
         per_unit, cached = measured_peak_flops(
             device_kind,
             cache_path,
             matrix_size,
             dtype,
+            measure=measure,
             at_least=None if at_least is None else at_least / units,
         )
     except Exception as error:  # noqa: BLE001 - MFU is a report: it must never stop a run
         return None, f"measuring the peak FLOP/s failed ({type(error).__name__}: {error}); no MFU"
     how = "cached" if cached else ("timed again" if at_least is not None else "measured")
     return per_unit * units, (
-        f"{how} {dtype} {matrix_size}x{matrix_size} matmul peak of {device_kind}: {per_unit / 1e9:.1f} GFLOP/s "
-        f"x {units} {unit_name}"
+        f"{how} {dtype} {matrix_size}x{matrix_size} matmul peak of {shown or device_kind}: "
+        f"{per_unit / 1e9:.1f} GFLOP/s x {units} {unit_name}"
     )
 
 
