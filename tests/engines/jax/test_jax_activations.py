@@ -2,15 +2,11 @@
 TensorFlow engine's (`tpukit.tools.check._activation_bytes`) on the same models: the same matrix ops, the same
 tensors counted once, weights left out, the compute dtype's size."""
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import keras
 import pytest
-from helpers import REPO
+from helpers import run_jax_snippet
 
 from tpukit.engines.keras.session import dtype_policy
 from tpukit.tools.check import _activation_bytes
@@ -41,20 +37,15 @@ MODELS = textwrap.dedent(
 
 def _in_jax(policy: str) -> dict:
     code = MODELS + textwrap.dedent(
-        f"""
-        import json
+        """
+        import json, sys
         from tpukit.engines.jax.activations import activation_bytes
 
-        keras.mixed_precision.set_global_policy({policy!r})
-        print(json.dumps({{name: activation_bytes(model, 32) for name, model in models()}}))
+        keras.mixed_precision.set_global_policy(sys.argv[1])
+        print("RESULT", json.dumps({name: activation_bytes(model, 32) for name, model in models()}))
         """
     )
-    env = dict(os.environ, KERAS_BACKEND="jax", TF_CPP_MIN_LOG_LEVEL="2")
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=env, timeout=300
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return run_jax_snippet(code, policy)
 
 
 def _in_tensorflow(policy: str) -> dict:
