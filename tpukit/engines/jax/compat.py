@@ -9,7 +9,6 @@ JAX 0.10 is the newest release for CPython 3.11 (jax >= 0.11 needs Python >= 3.1
 
 from __future__ import annotations
 
-import logging
 import os
 
 from tpukit.environment import backend, quiet, versions
@@ -41,12 +40,9 @@ def installed_jax() -> str:
             f"tpukit's jax engine was tested with jax >= {low} and < {high}; received jax {version}. Fix: "
             f'`pip install "jax>={low},<{high}"` and restart the runtime'
         )
-        if os.environ.get(ALLOW_UNTESTED_JAX) == "1":
-            logging.getLogger("tpukit").warning(
-                "tpukit: %s (continuing: %s=1).", message, ALLOW_UNTESTED_JAX
-            )
-            return version
-        raise ImportError(f"{message}, or set {ALLOW_UNTESTED_JAX}=1 to try it anyway.")
+        from tpukit.engines.keras.compat import allow_untested
+
+        allow_untested(message, ALLOW_UNTESTED_JAX)
     return version
 
 

@@ -3,6 +3,7 @@ KERAS_TESTED`), since tpukit touches private Keras internals (`keras_private`)."
 
 from __future__ import annotations
 
+import logging
 import os
 
 from tpukit.environment import versions
@@ -13,8 +14,6 @@ ALLOW_UNTESTED_KERAS = "TPUKIT_ALLOW_UNTESTED_KERAS"
 
 def check_keras() -> str:
     """Returns Keras' version; raises ImportError outside `KERAS_TESTED` unless $TPUKIT_ALLOW_UNTESTED_KERAS=1."""
-    import logging
-
     try:
         import keras
     except ImportError as error:
@@ -30,9 +29,14 @@ def check_keras() -> str:
         f"tpukit was tested with Keras >= {low} and < {high} (it patches private Keras internals); received keras "
         f"{version}. Fix: `{versions.keras_install_command()}` and restart the runtime"
     )
-    if os.environ.get(ALLOW_UNTESTED_KERAS) == "1":
-        logging.getLogger("tpukit").warning(
-            "tpukit: %s (continuing: %s=1).", message, ALLOW_UNTESTED_KERAS
-        )
-        return version
-    raise ImportError(f"{message}, or set {ALLOW_UNTESTED_KERAS}=1 to try it anyway.")
+    allow_untested(message, ALLOW_UNTESTED_KERAS)
+    return version
+
+
+def allow_untested(message: str, switch: str) -> None:
+    """A library outside its tested range: a warning where `$switch` is "1" (the user chose to try it), else
+    ImportError with `message` and that way out. Both engines' version checks end here."""
+    if os.environ.get(switch) == "1":
+        logging.getLogger("tpukit").warning("tpukit: %s (continuing: %s=1).", message, switch)
+        return
+    raise ImportError(f"{message}, or set {switch}=1 to try it anyway.")
