@@ -95,7 +95,7 @@ def make_plan(
         _on_task_dir(
             output_dir
         )  # the runner locks an existing directory before reading its checkpoints
-    checkpoint_dir = os.path.join(output_dir, "checkpoints")
+    checkpoint_dir = planner.checkpoint_dir(hardware, output_dir)
     found = engine.checkpoints(checkpoint_dir, checkpoint)
     planner.check_checkpoint(mode, checkpoint, checkpoint_dir, found)  # before counting the data
     planner.check_input_paths(recipe, hardware)

@@ -53,6 +53,9 @@ class Hardware:
     )  # the engine's strategy object
     # The device mesh the engine trains on: {"data": n, "model": m} (the jax engine; None: a tf.distribute strategy)
     mesh: dict | None = None
+    # Every process reads and writes the chief's checkpoints/ (the jax engine's Orbax checkpoints: each process
+    # writes its own shards there); False: each task its own, under its task directory (tf.distribute)
+    shared_checkpoints: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +77,9 @@ class CheckpointFacts:
 
     newest_step: int = 0
     requested_exists: bool = False
+    # What `--checkpoint` names, in this engine's format (for the message when it names nothing)
+    expected: str = "{path}.index"
+    example: str = "ckpt-1000, without the .index/.data suffix"
 
 
 def eval_batch_size(recipe: Recipe) -> int:
@@ -263,8 +269,8 @@ def check_checkpoint(
     """`--checkpoint` names an existing checkpoint, and mode eval has something to evaluate."""
     if checkpoint and not found.requested_exists:
         raise RecipeError(
-            f"--checkpoint {checkpoint!r}: no such checkpoint (expected {checkpoint}.index). Fix: pass a path like "
-            f"{os.path.join(checkpoint_dir, 'ckpt-1000')}, without the .index/.data suffix."
+            f"--checkpoint {checkpoint!r}: no such checkpoint (expected {found.expected.format(path=checkpoint)}). "
+            f"Fix: pass a path like {os.path.join(checkpoint_dir, found.example)}."
         )
     if mode == "eval" and not checkpoint and not found.newest_step:
         raise RecipeError(
@@ -390,6 +396,14 @@ def worker_output_dir(worker: str | None, output_dir: str) -> str:
     return os.path.join(output_dir, worker) if worker else output_dir
 
 
+def checkpoint_dir(hardware: Hardware, task_output_dir: str) -> str:
+    """This task's checkpoint directory: `checkpoints/` in its task directory (`worker_output_dir`), or the chief's
+    where the engine's processes share one (`Hardware.shared_checkpoints`)."""
+    if hardware.worker and hardware.shared_checkpoints:
+        return os.path.join(os.path.dirname(task_output_dir.rstrip("/")), "checkpoints")
+    return os.path.join(task_output_dir, "checkpoints")
+
+
 def decide(
     recipe: Recipe,
     hardware: Hardware,
@@ -403,8 +417,8 @@ def decide(
     names the key, the value and the fix) for anything the run would reject. `output_dir` is this task's
     (`worker_output_dir`)."""
     evaluating = check_request(recipe, mode, checkpoint)
-    checkpoint_dir = os.path.join(output_dir, "checkpoints")
-    check_checkpoint(mode, checkpoint, checkpoint_dir, checkpoints)
+    checkpoints_in = checkpoint_dir(hardware, output_dir)
+    check_checkpoint(mode, checkpoint, checkpoints_in, checkpoints)
     check_input_paths(recipe, hardware)
     check_mesh(recipe, hardware)
     steps_per_epoch = check_batch_sizes(recipe, hardware.replicas, data.train_examples)
@@ -445,7 +459,7 @@ def decide(
         jit_compile=jit.value,
         jit_compile_reason=jit.reason,
         output_dir=output_dir,
-        checkpoint_dir=checkpoint_dir,
+        checkpoint_dir=checkpoints_in,
         checkpoint=checkpoint,
         resume_step=resume_step,
         io_device=hardware.io_device,

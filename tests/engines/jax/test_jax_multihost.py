@@ -10,7 +10,7 @@ import sys
 
 import numpy as np
 import pytest
-from helpers import JAX_CHILD, REPO, finish_processes, free_ports, run_jax
+from helpers import JAX_CHILD, REPO, finish_processes, free_ports, model_weights, run_jax
 
 # No shuffling: each process reads every other example (its own shard), so a global batch then holds the same
 # examples as one pipeline's batch, in another order (the loss is a mean: the order changes only rounding). With
@@ -32,16 +32,14 @@ def _results(log_path):
     return [json.loads(line[len("RESULT ") :]) for line in lines if line.startswith("RESULT ")]
 
 
-@pytest.mark.cluster
-def test_two_processes_of_four_devices_give_the_single_device_losses(tmp_path):
-    config = {
-        "recipe": "textfiles_char_lm",
-        "overrides": [*SMALL_LM, "runtime.mesh.data=2", "runtime.mesh.model=4"],
-        "output_dir": str(tmp_path / "out"),
-    }
+def _run_pair(
+    tmp_path, name: str, configs: list[dict], timeout: int = 480
+) -> tuple[list[int], list[str]]:
+    """Runs tests/engines/jax/child.py as processes 0 and 1 of one JAX cluster (4 virtual devices each, one
+    coordinator on 127.0.0.1); returns their exit codes and the paths of their logs."""
     (port,) = free_ports(1)
-    processes = []
-    for index in range(2):
+    processes, logs = [], []
+    for index, config in enumerate(configs):
         env = dict(
             os.environ,
             XLA_FLAGS="--xla_force_host_platform_device_count=4",
@@ -52,7 +50,8 @@ def test_two_processes_of_four_devices_give_the_single_device_losses(tmp_path):
             TPUKIT_PROCESS_ID=str(index),
             PYTHONPATH=REPO,
         )
-        log = open(tmp_path / f"process{index}.log", "w")
+        logs.append(tmp_path / f"{name}{index}.log")
+        log = open(logs[-1], "w")
         command = [sys.executable, "-X", "faulthandler", JAX_CHILD, json.dumps(config)]
         processes.append(
             (
@@ -60,10 +59,28 @@ def test_two_processes_of_four_devices_give_the_single_device_losses(tmp_path):
                 log,
             )
         )
-    codes = finish_processes(processes, timeout=480)
-    logs = [(tmp_path / f"process{i}.log").read_text()[-3000:] for i in range(2)]
+    return finish_processes(processes, timeout=timeout), logs
+
+
+@pytest.fixture(scope="module")
+def pair_run(tmp_path_factory):
+    """One uninterrupted 2 x 4 run: (its output directory, its exit codes, its logs)."""
+    tmp_path = tmp_path_factory.mktemp("pair")
+    config = {
+        "recipe": "textfiles_char_lm",
+        "overrides": [*SMALL_LM, "runtime.mesh.data=2", "runtime.mesh.model=4"],
+        "output_dir": str(tmp_path / "out"),
+    }
+    codes, logs = _run_pair(tmp_path, "process", [config, config])
+    return tmp_path / "out", codes, logs
+
+
+@pytest.mark.cluster
+def test_two_processes_of_four_devices_give_the_single_device_losses(pair_run, tmp_path):
+    out, codes, log_paths = pair_run
+    logs = [path.read_text()[-3000:] for path in log_paths]
     assert codes == [0, 0], logs
-    chief, other = (_results(tmp_path / f"process{i}.log")[0] for i in range(2))
+    chief, other = (_results(path)[0] for path in log_paths)
 
     code, one, output = run_jax(
         {
@@ -87,8 +104,49 @@ def test_two_processes_of_four_devices_give_the_single_device_losses(tmp_path):
     # The kernels are split over devices of both processes: each holds a quarter of the columns.
     qkv = chief["shards"]["block0/attention/qkv/kernel"]
     assert qkv["shard"] == [128, 96] and qkv["devices"] == 8
-    # Process 0 writes the run's outputs; process 1 its own checkpoints (as a TF_CONFIG worker does).
-    out = tmp_path / "out"
+    # Process 0 writes the run's outputs; both processes write their shards into one checkpoint directory (Orbax).
     assert (out / "model.keras").exists() and (out / "saved_model").is_dir()
-    assert sorted(os.listdir(out / "worker1" / "checkpoints"))[-1] == "ckpt-6.npz"
+    assert "ckpt_6" in os.listdir(out / "checkpoints")
+    assert not (out / "worker1" / "checkpoints").exists()
+    assert (
+        sorted(os.listdir(out / "checkpoints" / "ckpt_6" / "state")).count("ocdbt.process_1") == 1
+    )
     assert chief["metrics"]["exported"]["keras"] == str(out / "model.keras")
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("killed", [1, 0])
+def test_sigkill_either_process_then_rerun_both_ends_with_the_uninterrupted_weights(
+    killed, pair_run, tmp_path
+):
+    # Killed at the end of step 4: the step-3 save (the epoch end) may still be in flight, written by both
+    # processes or by one only. A rerun of both must agree on one committed step and finish as if never killed.
+    reference, codes, _ = pair_run
+    assert codes == [0, 0]
+    config = {
+        "recipe": "textfiles_char_lm",
+        "overrides": [*SMALL_LM, "runtime.mesh.data=2", "runtime.mesh.model=4"],
+        "output_dir": str(tmp_path / "out"),
+    }
+    configs = [config, config]
+    configs[killed] = {**config, "kill_at_step": 4}
+    codes, logs = _run_pair(tmp_path, "killed", configs, timeout=240)
+    assert codes[killed] == -9, [p.read_text()[-2000:] for p in logs]
+    assert codes[1 - killed] != 0, [
+        p.read_text()[-2000:] for p in logs
+    ]  # the survivor stops, never "done"
+    committed = {n for n in os.listdir(tmp_path / "out" / "checkpoints") if n[5:].isdigit()}
+    assert {"ckpt_0", "ckpt_2"} <= committed <= {"ckpt_0", "ckpt_2", "ckpt_3"}, committed
+
+    codes, logs = _run_pair(tmp_path, "rerun", [config, config])
+    assert codes == [0, 0], [p.read_text()[-3000:] for p in logs]
+    resumed = {_results(path)[0]["metrics"]["resumed_from_step"] for path in logs}
+    assert resumed == {max(int(n[5:]) for n in committed)}, resumed  # both processes, one step
+    for rerun, uninterrupted in zip(
+        model_weights(str(tmp_path / "out" / "model.keras")),
+        model_weights(str(reference / "model.keras")),
+        strict=True,
+    ):
+        np.testing.assert_array_equal(rerun, uninterrupted)
+    left = os.listdir(tmp_path / "out" / "checkpoints")
+    assert all(n[5:].isdigit() for n in left), left  # no temporary of the killed save survives

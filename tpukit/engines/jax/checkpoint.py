@@ -1,15 +1,17 @@
-"""Checkpoints of the jax engine: every variable of the model and the optimizer (the step counter, the moments,
-the dropout seeds' state) and the trainer's run state, one `ckpt-N.npz` file per saved step.
+"""Checkpoints of the jax engine, through Orbax (`orbax-checkpoint`): one committed directory `ckpt_N/` per saved
+step, holding every variable of the model and the optimizer as (sharded) arrays (`state/`) and the trainer's run
+state with the variables' paths, shapes and dtypes (`run/`, JSON).
 
-Each file is whole or absent: it is written under a temporary name, flushed and renamed into place, so a process
-killed at any instruction leaves the previous checkpoints and at most a temporary that the next run clears. A file
-damaged on disk is skipped for the previous one, with a warning, as the TensorFlow engine's checkpoints are. Arrays
-are saved as their full (gathered) values with the variables' paths and shapes, so a run may resume on another mesh
-(more or fewer devices, another `model` split): restoring places each value with its variable's layout.
+Each process writes only the shards it owns, asynchronously: `save` returns once the values are copied off the
+devices, and the next save, a restore and the end of training wait for the write (`wait`). Orbax writes a step into
+a temporary directory and commits it (a rename, or `commit_success.txt` on object stores) once every process has
+written, so a SIGKILL at any moment leaves committed steps only; the next start clears the temporary. A restore
+reads onto the shardings of the variables as built now, so a run resumes on another mesh, device count or process
+count. Every process restores the same step: the steps committed for all processes are agreed, and a step is
+assigned only once every process has read it. All processes share one directory, the chief's `checkpoints/` (on a
+multi-host slice: a `gs://` output_dir). Directories of `ckpt-N.npz` files (tpukit before issue 39) still resume.
 
-The interface is the TensorFlow engine's `Checkpointer` (`step`, `data_position`, `state`, `save`, `restore`,
-`save_is_due`, `manager.latest_checkpoint`), which `tpukit.engines.keras.trainer.fit_with_recovery` drives on
-both engines. Multi-host: every process gathers (a collective), process 0 writes.
+The interface is `tpukit.engines.keras.checkpoint.Checkpointer`, which `trainer.fit_with_recovery` drives.
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ import jax
 import numpy as np
 import tensorflow as tf
 
-from tpukit import rundir
 from tpukit.engines.keras import keras_private
 from tpukit.engines.keras.checkpoint import (
     CheckpointMismatchError,
@@ -36,10 +37,51 @@ from tpukit.engines.keras.checkpoint import (
 
 logger = logging.getLogger("tpukit")
 
-SUFFIX = ".npz"
+PREFIX = "ckpt"  # Orbax step directories: ckpt_<step>
+SUFFIX = ".npz"  # the whole-value files of tpukit before issue 39, still read
+COMMITTED = (
+    "commit_success.txt"  # Orbax's commit marker (the one proof of a commit on object stores)
+)
+_ORBAX = re.compile(r"ckpt_(\d+)")
+_LEGACY = re.compile(r"ckpt-(\d+)\.npz")
 _STATE_KEY = "__run_state__"
 _PATHS_KEY = "__paths__"
-_READ_ERRORS = (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile, tf.errors.OpError)
+
+
+class CheckpointReadError(OSError):
+    """A checkpoint that another process could not read: every process skips it."""
+
+
+def _read_errors() -> tuple:
+    return (
+        OSError,
+        EOFError,
+        ValueError,
+        KeyError,
+        TypeError,
+        zipfile.BadZipFile,
+        tf.errors.OpError,
+        json.JSONDecodeError,
+    )
+
+
+def orbax():
+    """`orbax.checkpoint`, imported when first needed (it brings tensorstore: ~1 s)."""
+    import orbax.checkpoint as ocp
+
+    return ocp
+
+
+def orbax_missing() -> str | None:
+    """Why Orbax cannot be imported (the fix included), or None."""
+    try:
+        orbax()
+    except ImportError as error:
+        return (
+            f"the jax engine's checkpoints need orbax-checkpoint, which cannot be imported here ({error}). Fix: "
+            "pip install 'tpukit[jax]' (or pip install orbax-checkpoint)."
+        )
+    return None
 
 
 class Value:
@@ -56,7 +98,7 @@ class Value:
 
 
 class RunState:
-    """What the TensorFlow engine's `checkpoint.RunState` holds, as plain values saved in each `.npz`."""
+    """What the TensorFlow engine's `checkpoint.RunState` holds, as plain values saved in each checkpoint."""
 
     NAMES = (
         "skipped_steps",
@@ -73,11 +115,11 @@ class RunState:
         self.stopped_early = Value(False)
         self.export_best = Value(math.nan)
 
-    def to_json(self) -> str:
-        return json.dumps({name: _plain(getattr(self, name).value) for name in self.NAMES})
+    def to_dict(self) -> dict:
+        return {name: _plain(getattr(self, name).value) for name in self.NAMES}
 
-    def load(self, text: str) -> None:
-        for name, value in json.loads(text).items():
+    def load(self, values: dict) -> None:
+        for name, value in values.items():
             getattr(self, name).assign(math.nan if value is None else value)
 
 
@@ -87,14 +129,28 @@ def _plain(value):
 
 
 def _number(path: str) -> int:
-    match = re.search(r"ckpt-(\d+)\.npz$", path)
+    name = os.path.basename(path.rstrip("/"))
+    match = _ORBAX.fullmatch(name) or _LEGACY.fullmatch(name)
     return int(match.group(1)) if match else -1
 
 
 def checkpoint_paths(directory: str) -> list[str]:
-    """The `ckpt-N.npz` files in `directory`, newest first."""
-    found = tf.io.gfile.glob(os.path.join(directory, "ckpt-*" + SUFFIX))
-    return sorted((p for p in found if _number(p) >= 0), key=_number, reverse=True)
+    """The committed checkpoints in `directory`, newest first: Orbax steps (`ckpt_N/`; on object stores only those
+    with Orbax's commit marker) and `ckpt-N.npz` files (an Orbax step first where both have one step)."""
+    try:
+        names = [name.rstrip("/") for name in tf.io.gfile.listdir(directory)]
+    except tf.errors.NotFoundError:
+        return []
+    remote = "://" in directory
+    found = []
+    for name in names:
+        path = os.path.join(directory, name)
+        if _ORBAX.fullmatch(name):
+            if not remote or tf.io.gfile.exists(os.path.join(path, COMMITTED)):
+                found.append((int(_ORBAX.fullmatch(name).group(1)), 1, path))
+        elif _LEGACY.fullmatch(name):
+            found.append((int(_LEGACY.fullmatch(name).group(1)), 0, path))
+    return [path for _, _, path in sorted(found, reverse=True)]
 
 
 def newest_checkpoint_step(directory: str) -> int:
@@ -102,15 +158,24 @@ def newest_checkpoint_step(directory: str) -> int:
     return _number(paths[0]) if paths else 0
 
 
+def requested_path(checkpoint: str) -> str | None:
+    """The checkpoint `--checkpoint` names, if it exists: an Orbax step directory, or `ckpt-N` / `ckpt-N.npz`."""
+    for path in (checkpoint, checkpoint + SUFFIX):
+        if _number(path) >= 0 and tf.io.gfile.exists(path):
+            return path
+    return None
+
+
 class _Manager:
     """What the trainer reads of a `tf.train.CheckpointManager`."""
 
-    def __init__(self, directory: str):
-        self.directory = directory
+    def __init__(self, checkpointer: Checkpointer):
+        self.checkpointer = checkpointer
 
     @property
     def latest_checkpoint(self) -> str | None:
-        paths = checkpoint_paths(self.directory)
+        self.checkpointer.wait()
+        paths = checkpoint_paths(self.checkpointer.directory)
         return paths[0] if paths else None
 
 
@@ -123,20 +188,34 @@ def host_value(value) -> np.ndarray:
     return np.asarray(multihost_utils.process_allgather(value, tiled=True))
 
 
+def _gathered(values: list[int], width: int = 64) -> np.ndarray:
+    """Every process's `values` (at most `width` integers): an array of shape (processes, width), padded with -1."""
+    from jax.experimental import multihost_utils
+
+    row = np.full((width,), -1, np.int64)
+    row[: min(len(values), width)] = values[:width]
+    return np.asarray(multihost_utils.process_allgather(row)).reshape(-1, width)
+
+
 class Checkpointer:
-    def __init__(self, directory: str, model, optimizer, max_to_keep: int = 3, chief: bool = True):
+    def __init__(self, directory: str, model, optimizer, max_to_keep: int = 3):
         self.directory = directory
         self.model = model
         self.optimizer = optimizer
         self.max_to_keep = max_to_keep
-        self.chief = chief
         self.state = RunState()
-        self.manager = _Manager(directory)
+        self.manager = _Manager(self)
         self.saved_at = time.perf_counter()
         self.last_saved_step = 0
         size = sum(math.prod(v.shape) * np.dtype(v.dtype).itemsize for v in self._variables())
-        self.save_seconds = 0.05 + size / 200e6  # as the TensorFlow engine estimates its first save
-        self.seconds_saving = 0.0  # wall seconds inside `save` over the run (the phase timings)
+        self.save_seconds = (
+            0.05 + size / 200e6
+        )  # training's wait at the first save, as the TF engine estimates
+        self.seconds_saving = (
+            0.0  # wall seconds training waited for saves over the run (the phase timings)
+        )
+        self._orbax = None  # the ocp.CheckpointManager, made at the first save
+        self._saves = 0
 
     def _variables(self) -> list:
         # Model variables (weights, BatchNorm statistics, dropout seed states), then the optimizer's.
@@ -147,6 +226,21 @@ class Checkpointer:
         sync = getattr(self.model, "jax_state_sync", None)
         if sync is not None:
             sync()
+
+    def _writer(self):
+        if self._orbax is None:
+            ocp = orbax()
+            options = ocp.CheckpointManagerOptions(
+                max_to_keep=self.max_to_keep,
+                step_prefix=PREFIX,
+                enable_async_checkpointing=True,
+                create=True,
+                cleanup_tmp_directories=True,
+            )
+            self._orbax = ocp.CheckpointManager(
+                self.directory, options=options, item_names=("state", "run")
+            )
+        return self._orbax
 
     @property
     def step(self) -> int:
@@ -175,15 +269,15 @@ class Checkpointer:
         """`agree(flag) -> bool`: True when the flag is set in any process (multi-host); None on one host."""
         if jax.process_count() == 1:
             return None
-        from jax.experimental import multihost_utils
 
         def agree(flag: bool) -> bool:
-            flags = multihost_utils.process_allgather(np.array([1 if flag else 0], np.int32))
-            return bool(np.asarray(flags).any())
+            return bool((_gathered([1 if flag else 0], width=1) > 0).any())
 
         return agree
 
     def save(self) -> str:
+        """Starts writing this step (each process its own shards) and returns its path once the values are off the
+        devices; the write goes on in the background until `wait` (called by the next save and at the end)."""
         started = time.perf_counter()
         try:
             return self._save(started)
@@ -191,78 +285,157 @@ class Checkpointer:
             self.seconds_saving += time.perf_counter() - started
 
     def _save(self, started: float) -> str:
+        ocp = orbax()
         self._sync()
         step = self.step
+        writer = self._writer()
+        writer.wait_until_finished()  # the previous save (its error, if any, is raised here)
+        if step in writer.all_steps():
+            writer.delete(step)  # the same step again, with its epoch end's run state
         variables = self._variables()
-        arrays = {f"v{i}": host_value(v.value) for i, v in enumerate(variables)}
-        path = os.path.join(self.directory, f"ckpt-{step}{SUFFIX}")
-        if self.chief:
-            arrays[_PATHS_KEY] = np.array([v.path for v in variables])
-            arrays[_STATE_KEY] = np.array(self.state.to_json())
-            buffer = io.BytesIO()
-            np.savez(buffer, **arrays)
-            tf.io.gfile.makedirs(self.directory)
-            temporary = rundir.temporary_name(path)
-            try:
-                with tf.io.gfile.GFile(temporary, "wb") as handle:
-                    handle.write(buffer.getvalue())
-                    if hasattr(handle, "flush"):
-                        handle.flush()
-                _fsync(temporary)
-                tf.io.gfile.rename(temporary, path, overwrite=True)
-            except BaseException:
-                if tf.io.gfile.exists(temporary):
-                    tf.io.gfile.remove(temporary)
-                raise
-            for old in checkpoint_paths(self.directory)[self.max_to_keep :]:
-                tf.io.gfile.remove(old)
+        run = {
+            "run_state": self.state.to_dict(),
+            "paths": [v.path for v in variables],
+            "shapes": [list(v.shape) for v in variables],
+            "dtypes": [str(np.dtype(v.value.dtype)) for v in variables],
+        }
+        arrays = {f"v{i:05d}": v.value for i, v in enumerate(variables)}
+        writer.save(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardSave(arrays), run=ocp.args.JsonSave(run)
+            ),
+            force=True,
+        )
+        path = os.path.join(self.directory, f"{PREFIX}_{step}")
         self.last_saved_step = step
         self.saved_at = time.perf_counter()
-        self.save_seconds = self.saved_at - started
-        logger.debug("tpukit: saved checkpoint %s in %.1f ms", path, self.save_seconds * 1e3)
+        # The first save starts Orbax's threads and tensorstore (0.2-0.3 s on a CPU): not a cost of each save.
+        if self._saves:
+            self.save_seconds = self.saved_at - started
+        self._saves += 1
+        logger.debug(
+            "tpukit: saving checkpoint %s (training waited %.1f ms)", path, self.save_seconds * 1e3
+        )
         return path
 
+    def wait(self) -> None:
+        """Waits until the save in flight is committed (raising its error, if any)."""
+        if self._orbax is None:
+            return
+        started = time.perf_counter()
+        try:
+            self._orbax.wait_until_finished()
+        finally:
+            self.seconds_saving += time.perf_counter() - started
+
+    def close(self) -> None:
+        """Waits for the save in flight and ends Orbax's background threads."""
+        if self._orbax is not None:
+            self.wait()
+            self._orbax.close()
+            self._orbax = None
+
     def save_is_due(self, max_overhead: float | None) -> bool:
-        if max_overhead is None or self.manager.latest_checkpoint is None:
+        # Not `manager.latest_checkpoint`: that waits for the save in flight.
+        if max_overhead is None or (self._orbax is None and not checkpoint_paths(self.directory)):
             return True
         return time.perf_counter() - self.saved_at >= self.save_seconds / max_overhead
 
     def restore(self, path: str | None = None) -> int:
-        """Restores `path`, else the newest readable checkpoint; returns its step (0 when there is none).
+        """Restores `path`, else the newest checkpoint that every process has and can read; returns its step (0
+        when there is none).
 
         Raises CheckpointMismatchError (another model) or CheckpointCorruptError (nothing readable)."""
         self.optimizer.build(self.model.trainable_variables)
-        if path and not path.endswith(SUFFIX):
-            path += SUFFIX
-        return restore_first_readable(
-            self, [path] if path else checkpoint_paths(self.directory), _READ_ERRORS
-        )
+        self.wait()
+        if path:
+            candidates = [requested_path(path) or path]
+        else:
+            candidates = self._agreed(checkpoint_paths(self.directory))
+        return restore_first_readable(self, candidates, _read_errors())
+
+    def _agreed(self, candidates: list[str]) -> list[str]:
+        """The candidates every process has (on one directory they all list the same; a step some process cannot
+        see is skipped by all, so no process assigns a step the others do not)."""
+        if jax.process_count() == 1:
+            return candidates
+        everywhere = _gathered([_number(p) for p in candidates])
+        common = set(everywhere[0][everywhere[0] >= 0])
+        for row in everywhere[1:]:
+            common &= set(row[row >= 0])
+        return [p for p in candidates if _number(p) in common]
 
     def _restore_one(self, path: str) -> None:
-        with tf.io.gfile.GFile(path, "rb") as handle:
-            loaded = np.load(io.BytesIO(handle.read()), allow_pickle=False)
-            saved_paths = [str(p) for p in loaded[_PATHS_KEY]]
-            arrays = [loaded[f"v{i}"] for i in range(len(saved_paths))]
-            state = str(loaded[_STATE_KEY])
+        """Reads `path` onto the variables' current shardings, checks it fits the model, and assigns it once every
+        process has read its step (multi-host: a step one process cannot read is skipped by all)."""
         variables = self._variables()
-        expected = [(_unnumbered(v.path), tuple(v.shape)) for v in variables]
-        found = [(_unnumbered(p), tuple(a.shape)) for p, a in zip(saved_paths, arrays, strict=True)]
-        if expected != found:
-            difference = next(
-                (
-                    f"{e} here, {f} in the checkpoint"
-                    for e, f in zip(expected, found, strict=False)
-                    if e != f
-                ),
-                f"{len(expected)} variables here, {len(found)} in the checkpoint",
-            )
-            raise CheckpointMismatchError(
-                f"the checkpoint {path} does not match the model this recipe builds ({difference}). Fix: use a new "
-                "--output_dir for a changed model, or delete that directory to start over."
-            )
+        try:
+            arrays, run_state = self._read(path, variables)
+            failed = None
+        except CheckpointMismatchError:
+            raise
+        except _read_errors() as error:
+            arrays, run_state, failed = None, None, error
+        if jax.process_count() > 1:
+            flags = _gathered([0 if failed is None else 1], width=1).ravel()
+            if failed is None and flags.any():
+                failed = CheckpointReadError(
+                    f"process {int(np.flatnonzero(flags)[0])} could not read it"
+                )
+        if failed is not None:
+            raise failed
         for variable, value in zip(variables, arrays, strict=True):
             variable.assign(value)
-        self.state.load(state)
+        self.state.load(run_state)
+
+    def _read(self, path: str, variables: list) -> tuple[list, dict]:
+        if path.endswith(SUFFIX):
+            return _read_npz(path, variables)
+        ocp = orbax()
+        reader = ocp.Checkpointer(ocp.CompositeCheckpointHandler())
+        run = reader.restore(path, args=ocp.args.Composite(run=ocp.args.JsonRestore())).run
+        _check_fits(path, variables, run["paths"], [tuple(s) for s in run["shapes"]])
+        target = {
+            f"v{i:05d}": jax.ShapeDtypeStruct(
+                tuple(v.shape), v.value.dtype, sharding=v.value.sharding
+            )
+            for i, v in enumerate(variables)
+        }
+        state = reader.restore(
+            path, args=ocp.args.Composite(state=ocp.args.StandardRestore(target))
+        ).state
+        return [state[f"v{i:05d}"] for i in range(len(variables))], run["run_state"]
+
+
+def _read_npz(path: str, variables: list) -> tuple[list, dict]:
+    """A `ckpt-N.npz` of tpukit before issue 39: whole values, placed by `assign` with each variable's layout."""
+    with tf.io.gfile.GFile(path, "rb") as handle:
+        loaded = np.load(io.BytesIO(handle.read()), allow_pickle=False)
+        saved_paths = [str(p) for p in loaded[_PATHS_KEY]]
+        arrays = [loaded[f"v{i}"] for i in range(len(saved_paths))]
+        state = json.loads(str(loaded[_STATE_KEY]))
+    _check_fits(path, variables, saved_paths, [tuple(a.shape) for a in arrays])
+    return arrays, state
+
+
+def _check_fits(path: str, variables: list, saved_paths: list, saved_shapes: list) -> None:
+    expected = [(_unnumbered(v.path), tuple(v.shape)) for v in variables]
+    found = [(_unnumbered(p), tuple(s)) for p, s in zip(saved_paths, saved_shapes, strict=True)]
+    if expected == found:
+        return
+    difference = next(
+        (
+            f"{e} here, {f} in the checkpoint"
+            for e, f in zip(expected, found, strict=False)
+            if e != f
+        ),
+        f"{len(expected)} variables here, {len(found)} in the checkpoint",
+    )
+    raise CheckpointMismatchError(
+        f"the checkpoint {path} does not match the model this recipe builds ({difference}). Fix: use a new "
+        "--output_dir for a changed model, or delete that directory to start over."
+    )
 
 
 def _unnumbered(path: str) -> str:
@@ -270,13 +443,3 @@ def _unnumbered(path: str) -> str:
     (`seed_generator_1/seed_generator_state` in a process's second model is `seed_generator/...` in a new one):
     variables are matched in order, by these paths and their shapes."""
     return re.sub(r"_\d+(?=/|$)", "", path)
-
-
-def _fsync(path: str) -> None:
-    if "://" in path:
-        return  # object stores commit on close
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)

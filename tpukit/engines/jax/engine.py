@@ -25,7 +25,6 @@ from typing import Any
 
 import jax
 import keras
-import numpy as np
 import tensorflow as tf
 
 from tpukit import planner, task
@@ -155,6 +154,7 @@ def hardware(recipe: Recipe, strategy, output_dir: str) -> Hardware:
         else None,
         handle=strategy,
         mesh=strategy.sizes,
+        shared_checkpoints=True,
     )
 
 
@@ -192,7 +192,11 @@ def remote_files():
 
 
 def checkpoints(checkpoint_dir: str, checkpoint: str | None) -> CheckpointFacts:
-    """The newest `ckpt-N.npz`'s step; a directory of the TensorFlow engine's checkpoints is a RecipeError."""
+    """The newest committed checkpoint's step; a directory of the TensorFlow engine's checkpoints, or no Orbax to
+    write them with, is a RecipeError."""
+    missing = checkpoint_lib.orbax_missing()
+    if missing:
+        raise RecipeError(missing)
     step = checkpoint_lib.newest_checkpoint_step(checkpoint_dir)
     if not step and tf.io.gfile.glob(os.path.join(checkpoint_dir, "ckpt-*.index")):
         raise RecipeError(
@@ -200,12 +204,13 @@ def checkpoints(checkpoint_dir: str, checkpoint: str | None) -> CheckpointFacts:
             "resume it with --set runtime.engine=tensorflow, or pass another --output_dir (model.keras, exported "
             "by a finished run, can start a jax run: --set model.init_weights=<dir>/model.keras)."
         )
-    requested = bool(checkpoint) and tf.io.gfile.exists(
-        checkpoint
-        if checkpoint.endswith(checkpoint_lib.SUFFIX)
-        else checkpoint + checkpoint_lib.SUFFIX
+    requested = bool(checkpoint) and checkpoint_lib.requested_path(checkpoint) is not None
+    return CheckpointFacts(
+        newest_step=step,
+        requested_exists=requested,
+        expected=f"a directory {{path}} named {checkpoint_lib.PREFIX}_<step>",
+        example=f"{checkpoint_lib.PREFIX}_1000",
     )
-    return CheckpointFacts(newest_step=step, requested_exists=requested)
 
 
 class _Distribution(keras.distribution.ModelParallel):
@@ -310,23 +315,9 @@ def _compiled(
 
 
 def _restore(the_plan: Plan, checkpointer) -> int:
+    # Every process restores the same step (`Checkpointer.restore` agrees on it before assigning anything).
     try:
         step = checkpointer.restore(the_plan.checkpoint if the_plan.mode == "eval" else None)
-        if the_plan.training and the_plan.strategy.processes > 1:
-            from jax.experimental import multihost_utils
-
-            steps = np.asarray(
-                multihost_utils.process_allgather(np.array([step], np.int64))
-            ).ravel()
-            agreed = int(steps.min())
-            if agreed != step:
-                if not agreed:
-                    raise RecipeError(
-                        f"another process has no checkpoint while this one resumes at step {step} "
-                        f"({the_plan.checkpoint_dir}). Fix: give every process the same checkpoints, or delete "
-                        "every process's checkpoints to start over."
-                    )
-                step = checkpointer.restore(os.path.join(the_plan.checkpoint_dir, f"ckpt-{agreed}"))
     except (CheckpointMismatchError, CheckpointCorruptError) as error:
         raise RecipeError(str(error)) from None
     if the_plan.training and step != the_plan.resume_step:

@@ -1,7 +1,7 @@
 """What both engines' checkpointers share: the `Checkpointer` interface the trainer drives (`trainer.
 fit_with_recovery`), the run state it carries, the errors a restore raises, and the newest-first fallback over damaged
 checkpoints (`restore_first_readable`). Each engine writes its own format: `tf.train.Checkpoint` files (the
-tensorflow engine), `ckpt-N.npz` files (the jax engine)."""
+tensorflow engine), Orbax step directories `ckpt_N/` (the jax engine)."""
 
 from __future__ import annotations
 
@@ -46,7 +46,8 @@ class Checkpointer(Protocol):
     """The checkpointer `trainer.fit_with_recovery` drives on either engine.
 
     `step` is the batches the optimizer has taken; `data_position` adds the batches skipped after NaN rollbacks.
-    `save()` writes `ckpt-<step>` whole or not at all and returns its path; `restore(path)` restores `path` or, with
+    `save()` writes `ckpt-<step>` whole or not at all and returns its path (it may go on writing in the
+    background: `wait()` returns once it is committed, and raises its error); `restore(path)` restores `path` or, with
     None, the newest readable checkpoint (falling back past damaged ones), and returns the step (0: none);
     `save_is_due(max_overhead)` says whether a periodic save keeps checkpointing under `max_overhead` of the time.
     `manager.latest_checkpoint` is the newest checkpoint's path or None; `agreement(model)` returns `agree(flag) ->
@@ -72,6 +73,8 @@ class Checkpointer(Protocol):
     def agreement(self, model): ...
 
     def save(self) -> str: ...
+
+    def wait(self) -> None: ...
 
     def restore(self, path: str | None = None) -> int: ...
 

@@ -253,7 +253,9 @@ def fit_with_recovery(
     state = checkpointer.state
 
     def outcome(status):
-        return Outcome(status, history, rollbacks, int(state.skipped_steps.numpy()))
+        return _committed(
+            checkpointer, Outcome(status, history, rollbacks, int(state.skipped_steps.numpy()))
+        )
 
     if not _ready(checkpointer, total):
         return outcome("early_stopped")
@@ -292,6 +294,12 @@ def fit_with_recovery(
         if model.stop_training:  # a callback (early stopping) ended the run
             return outcome("early_stopped")
     return outcome("done")
+
+
+def _committed(checkpointer, outcome: Outcome) -> Outcome:
+    """`outcome` once the save in flight is committed (a run never reports an outcome its checkpoint lacks)."""
+    checkpointer.wait()
+    return outcome
 
 
 def _ready(checkpointer, total: int) -> bool:

@@ -213,6 +213,9 @@ class Checkpointer:
         logger.debug("tpukit: saved checkpoint %s in %.1f ms", path, self.save_seconds * 1e3)
         return path
 
+    def wait(self) -> None:
+        """Saves here are synchronous: nothing is in flight (the jax engine's Orbax saves are not)."""
+
     def save_is_due(self, max_overhead: float | None) -> bool:
         """False while one more save would make saving take more than `max_overhead` of the wall time since the
         last save of this process (the last save's duration is the estimate); always True without a bound, and

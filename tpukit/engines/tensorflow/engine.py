@@ -101,7 +101,10 @@ def remote_files():
 def checkpoints(checkpoint_dir: str, checkpoint: str | None) -> CheckpointFacts:
     """The newest checkpoint's step in `checkpoint_dir`, and whether `checkpoint` (a path) exists."""
     step = checkpoint_lib.newest_checkpoint_step(checkpoint_dir)
-    if not step and tf.io.gfile.glob(os.path.join(checkpoint_dir, "ckpt-*.npz")):
+    if not step and (
+        tf.io.gfile.glob(os.path.join(checkpoint_dir, "ckpt-*.npz"))
+        or tf.io.gfile.glob(os.path.join(checkpoint_dir, "ckpt_*"))  # the jax engine's Orbax steps
+    ):
         raise RecipeError(
             f"{checkpoint_dir} holds checkpoints of the jax engine, which the tensorflow engine cannot read. Fix: "
             "resume it with --set runtime.engine=jax, or pass another --output_dir (model.keras, exported by a "
