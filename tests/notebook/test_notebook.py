@@ -138,11 +138,15 @@ def test_output_dir_reads_the_resume_step_from_the_engines_own_checkpoints(tmp_p
     """One engine cannot resume the other's checkpoints: each reports only steps of its own format."""
     checkpoints = tmp_path / "lm" / "checkpoints"
     os.makedirs(checkpoints)
-    (checkpoints / "ckpt-30.npz").write_bytes(b"")
+    (checkpoints / "ckpt-30.npz").write_bytes(b"")  # the jax engine's format before issue 39, still resumed
     (checkpoints / "ckpt-10.index").write_bytes(b"")
     root = str(tmp_path) + "/"
     assert notebook.output_dir(root, "lm", engine="jax") == root + "lm"
     assert "resumes from step 30" in capsys.readouterr().out
+    (checkpoints / "ckpt_40").mkdir()  # an Orbax step; its temporary is not a step
+    (checkpoints / "ckpt_50.orbax-checkpoint-tmp-1234").mkdir()
+    notebook.output_dir(root, "lm", engine="jax")
+    assert "resumes from step 40" in capsys.readouterr().out
     notebook.output_dir(root, "lm")
     assert "resumes from step 10" in capsys.readouterr().out
 

@@ -52,7 +52,11 @@ def _run_pair(
         )
         logs.append(tmp_path / f"{name}{index}.log")
         log = open(logs[-1], "w")
-        command = [sys.executable, "-X", "faulthandler", JAX_CHILD, json.dumps(config)]
+        command = (
+            [sys.executable, "-m", "tpukit.train", *config]  # CLI arguments
+            if isinstance(config, list)
+            else [sys.executable, "-X", "faulthandler", JAX_CHILD, json.dumps(config)]
+        )
         processes.append(
             (
                 subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO),
@@ -150,3 +154,27 @@ def test_sigkill_either_process_then_rerun_both_ends_with_the_uninterrupted_weig
         np.testing.assert_array_equal(rerun, uninterrupted)
     left = os.listdir(tmp_path / "out" / "checkpoints")
     assert all(n[5:].isdigit() for n in left), left  # no temporary of the killed save survives
+
+
+@pytest.mark.cluster
+def test_a_checkpoint_directory_one_process_cannot_see_is_refused_before_training(tmp_path):
+    # Each host of a slice with a local --output_dir writes to its own disk: here, two paths on one disk.
+    overrides = [*SMALL_LM, "runtime.engine=jax", "runtime.mesh.data=2", "runtime.mesh.model=4"]
+    configs = [
+        [
+            "textfiles_char_lm",
+            "--output_dir",
+            str(tmp_path / name),
+            *[arg for override in overrides for arg in ("--set", override)],
+        ]
+        for name in ("host0", "host1")
+    ]
+    codes, logs = _run_pair(tmp_path, "unshared", configs, timeout=240)
+    outputs = [path.read_text() for path in logs]
+    assert codes == [2, 2], [o[-2000:] for o in outputs]
+    for output in outputs:
+        assert "process(es) 1 of 2 cannot see the checkpoint directory" in output, output[-2000:]
+        assert "gs:// bucket" in output and "Traceback" not in output
+    assert not (tmp_path / "host0" / "checkpoints").exists() or not [
+        n for n in os.listdir(tmp_path / "host0" / "checkpoints") if n.startswith("ckpt_")
+    ]

@@ -197,6 +197,27 @@ def _gathered(values: list[int], width: int = 64) -> np.ndarray:
     return np.asarray(multihost_utils.process_allgather(row)).reshape(-1, width)
 
 
+def unshared_processes(directory: str) -> list[int]:
+    """The processes that cannot see a file process 0 writes in `directory` ([] on one process, or when all can):
+    every process writes its shards into one checkpoint directory, so a local path on each host of a slice (each
+    its own disk) cannot hold a checkpoint."""
+    if jax.process_count() == 1:
+        return []
+    token = int(_gathered([int.from_bytes(os.urandom(6), "big")], width=1)[0][0])  # process 0's
+    marker = os.path.join(directory, f".tpukit-shared-{token}")
+    if jax.process_index() == 0:
+        tf.io.gfile.makedirs(directory)
+        with tf.io.gfile.GFile(marker, "w") as handle:
+            handle.write(
+                "written by process 0 to see whether every process shares this directory\n"
+            )
+    _gathered([0], width=1)  # every process waits for the write
+    flags = _gathered([1 if tf.io.gfile.exists(marker) else 0], width=1).ravel()
+    if jax.process_index() == 0:
+        tf.io.gfile.remove(marker)
+    return [int(i) for i in np.flatnonzero(flags == 0)]
+
+
 class Checkpointer:
     def __init__(self, directory: str, model, optimizer, max_to_keep: int = 3):
         self.directory = directory

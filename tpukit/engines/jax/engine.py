@@ -29,13 +29,18 @@ import tensorflow as tf
 
 from tpukit import planner, task
 from tpukit.engines.jax import checkpoint as checkpoint_lib
-from tpukit.engines.jax import compilation_cache, cpu
+from tpukit.engines.jax import compilation_cache, cpu, peers
 from tpukit.engines.jax.saved_model import SavedModelExport
 from tpukit.engines.keras import callbacks as callbacks_lib
 from tpukit.engines.keras import flops, trainer
 from tpukit.engines.keras import session as session_lib
 from tpukit.engines.keras.checkpoint import CheckpointCorruptError, CheckpointMismatchError
-from tpukit.engines.keras.export import KERAS_FILENAME, SAVED_MODEL_DIRNAME
+from tpukit.engines.keras.export import (
+    SAVED_MODEL_DIRNAME,
+    SAVED_MODEL_WHAT,
+    ExportWriteError,
+    save_keras,
+)
 from tpukit.engines.keras.session import dtype_policy
 from tpukit.logs import first_four, plural
 from tpukit.models.layouts import DEFAULT_LAYOUTS
@@ -82,7 +87,8 @@ def _initialize(recipe: Recipe) -> None:
                 "Fix: set all three on every process (the same address and count, ids 0..count-1)."
             ) from None
         logger.info("tpukit: joining %d processes at %s as process %d", count, address, index)
-        keras.distribution.initialize(address, count, index)
+        # keras.distribution.initialize's work, with a lost process named instead of a C++ abort.
+        peers.join(address, count, index)
     elif os.environ.get("TPU_WORKER_HOSTNAMES", "").count(",") >= 1:
         # A multi-host Cloud TPU slice: JAX finds the coordinator in the TPU environment.
         keras.distribution.initialize()
@@ -314,6 +320,21 @@ def _compiled(
     return model
 
 
+def _check_shared(the_plan: Plan) -> None:
+    """Every process of a multi-host run must see the one checkpoint directory they all write into."""
+    if the_plan.strategy.processes == 1:
+        return
+    unshared = checkpoint_lib.unshared_processes(the_plan.checkpoint_dir)
+    if unshared:
+        raise RecipeError(
+            f"process(es) {', '.join(map(str, unshared))} of {the_plan.strategy.processes} cannot see the checkpoint "
+            f"directory {the_plan.checkpoint_dir} that process 0 writes: on the jax engine every process writes "
+            "its own shards into one directory, so each host's own disk cannot hold the checkpoints. Fix: pass an "
+            "--output_dir that every host shares (a gs:// bucket on a TPU slice, or a shared file system), the "
+            "same on every process."
+        )
+
+
 def _restore(the_plan: Plan, checkpointer) -> int:
     # Every process restores the same step (`Checkpointer.restore` agrees on it before assigning anything).
     try:
@@ -382,6 +403,7 @@ def _build(the_plan: Plan, saved_model: SavedModelExport | None) -> Session:
         if sharded
         else "every variable whole on every device",
     )
+    _check_shared(the_plan)
     checkpointer = checkpoint_lib.Checkpointer(
         the_plan.checkpoint_dir, model, model.optimizer, the_plan.settings.max_checkpoints_to_keep
     )
@@ -448,10 +470,24 @@ def _needs_mesh(mesh: Mesh) -> bool:
 
 
 def train(session: Session, callbacks: list | None = None):
-    """Trains from `session.start_step` to the plan's last step with the trainer both engines share."""
-    return session_lib.fit_session(
-        session, _train_dataset, _eval_dataset, _callbacks(session) + list(callbacks or [])
+    """Trains from `session.start_step` to the plan's last step with the trainer both engines share. A process of
+    the run lost meanwhile ends this one with a message (`peers`), not a collective's traceback."""
+    the_plan = session.plan
+    peers.watch_checkpoints(
+        functools.partial(checkpoint_lib.newest_checkpoint_step, the_plan.checkpoint_dir),
+        the_plan.checkpoint_dir,
     )
+    progress = peers.Progress(session.start_step, the_plan.steps_per_execution)
+    try:
+        return session_lib.fit_session(
+            session,
+            _train_dataset,
+            _eval_dataset,
+            _callbacks(session) + [progress] + list(callbacks or []),
+        )
+    except Exception as error:
+        peers.check_lost(error)  # returns unless a process was lost
+        raise
 
 
 class InOrder(keras.callbacks.Callback):
@@ -511,7 +547,8 @@ def export(session: Session, outcome) -> dict[str, str]:
     which a TensorFlow-backend process exports from that file (`saved_model`: on CPUs started by `build`, so it has
     imported TensorFlow while this one trained, elsewhere started here; it runs `tpukit.engines.keras.export`'s
     command): TF 2.21 cannot load SavedModels that jax >= 0.11 exports through jax2tf. {} in eval mode or when stopped by a signal; the
-    SavedModel is skipped, with a warning, where TensorFlow cannot export it."""
+    SavedModel is skipped, with a warning, where TensorFlow cannot export it. An output that takes no writes (a
+    full disk, a read-only or quota-exceeded directory) raises ExportWriteError: the run fails, the checkpoint kept."""
     try:
         return _export(session, outcome)
     finally:
@@ -522,25 +559,14 @@ def _export(session: Session, outcome) -> dict[str, str]:
     the_plan = session.plan
     if not the_plan.training or outcome.status in trainer.STOPPED.values():
         return {}
-    from tpukit import rundir
-
     model = session.model
     if the_plan.strategy.processes > 1:
         model = _host_copy(model)  # every process takes part in gathering the shards
     if not the_plan.chief:
         return {}
-    tf.io.gfile.makedirs(the_plan.output_dir)
-    keras_path = os.path.join(the_plan.output_dir, KERAS_FILENAME)
-    temporary = rundir.temporary_name(keras_path)
-    try:
-        with (
-            _without_distribution() if the_plan.strategy.processes > 1 else contextlib.nullcontext()
-        ):
-            model.save(temporary)
-        tf.io.gfile.rename(temporary, keras_path, overwrite=True)
-    finally:
-        if tf.io.gfile.exists(temporary):
-            tf.io.gfile.remove(temporary)
+    # Written whole (a temporary name, then a rename); a full disk raises ExportWriteError.
+    with _without_distribution() if the_plan.strategy.processes > 1 else contextlib.nullcontext():
+        keras_path = save_keras(model, the_plan.output_dir)
     exported = {"keras": keras_path}
     saved_model = os.path.join(the_plan.output_dir, SAVED_MODEL_DIRNAME)
     started = time.time()
@@ -548,6 +574,9 @@ def _export(session: Session, outcome) -> dict[str, str]:
     if exporting is None:
         exporting = session.saved_model = SavedModelExport.start()
     failure = exporting.run(keras_path, the_plan.output_dir)
+    unwritten = failure and ExportWriteError.from_line(failure, SAVED_MODEL_WHAT, saved_model)
+    if unwritten:
+        raise unwritten  # a full disk fails the run, not a warning (`session.explained`)
     if failure is None:
         exported["saved_model"] = saved_model
         logger.info(
