@@ -1,33 +1,16 @@
 """A multi-process jax run ($TPUKIT_COORDINATOR_ADDRESS) that loses a process ends with a message, not a hang or
 a C++ abort; a process that never joins is named while the others wait.
 
-What JAX 0.10.2 does by itself (measured, 2 processes x 4 CPU devices on 127.0.0.1):
-- process 1 lost: process 0 blocks in the next collective (or gets `JaxRuntimeError: Gloo all-reduce failed ...
-  Connection closed by peer`) until the coordination service misses 100 s of heartbeats, then its error-polling
-  thread ends the process with `LOG(FATAL)` (client.h: "Terminating process because the JAX distributed service
-  detected fatal errors"), SIGABRT;
-- process 0 (the coordinator, which hosts the coordination service) lost: every other process's error-polling
-  thread fails its RPC within milliseconds and ends the process the same way. Nothing in Python runs first.
-- The only hook on that `LOG(FATAL)`, `missed_heartbeat_callback` of `_jax.get_distributed_runtime_client`, cannot
-  be a Python function: calling it converts an `absl::Status` nanobind has no caster for (`std::bad_cast`, so
-  `std::terminate`, SIGABRT again).
+`join` starts JAX's cluster with recoverability on (a missed heartbeat no longer aborts every process) and a 10 s
+heartbeat, logging who it waits for and stopping on SIGTERM/Ctrl-C. `_watch`, a daemon thread, asks the
+coordination service once a second which processes are alive; one gone without saying it finished ends this
+process through `stop`: the message (which process, the newest checkpoint, restart every process), then
+`os._exit(1)` past JAX's shutdown barrier, which would wait for the lost process. `check_lost` turns a collective's
+error during `fit` into the same message. At exit (`_finish`) the other processes say they finished and disconnect
+before process 0's service goes.
 
-What tpukit does, through public options and `jax.distributed.global_state.client` (the coordination client):
-- `jax_enable_recoverability` on: the service no longer turns a missed heartbeat into every process's abort;
-  `heartbeat_timeout_seconds` 10 (not 100): the service marks a lost process within 10 s;
-- `_watch`, a daemon thread, asks the service once a second which processes are alive (`get_live_nodes`); one
-  gone without saying it finished (its `tpukit/finished/N` key) ends this process: `stop` prints the message
-  (which process, the newest checkpoint, restart every process) and leaves by `os._exit(1)`, past JAX's shutdown
-  barrier, which would wait for the lost process;
-- an error from a collective during `fit` (`check_lost`) waits for the watchdog's verdict instead of a traceback;
-- at exit (`_finish`) every other process says it finished and disconnects, and process 0 waits for them before
-  its service goes: with recoverability on, JAX's shutdown barrier no longer waits for the others, and a service
-  gone before a process disconnects aborts that process.
-
-What remains: the coordinator's loss still aborts every other process in C++ (the error-polling thread, above);
-the message that names process 0 comes only where the watchdog or `check_lost` runs before it, which is a race.
-The join: JAX's `connect` waits for all processes without saying which are missing (no API lists the registered
-ones), so `join` names process 0 while its port refuses connections and otherwise the processes it cannot see.
+What JAX 0.10.2 does without this, and what stays out of reach (the coordinator's loss still aborts the others in
+C++), is in docs/engines.md, "A lost process (jax engine)".
 """
 
 from __future__ import annotations
@@ -37,6 +20,7 @@ import dataclasses
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -44,6 +28,8 @@ from collections.abc import Callable
 
 import jax
 import keras
+
+from tpukit.engines.jax import compat
 
 logger = logging.getLogger("tpukit")
 
@@ -132,13 +118,15 @@ def stop(message: str, status: int = 1) -> None:
 
 
 def _coordinator_up(address: str) -> bool:
-    from tpukit.engines.tensorflow import waiting
-
+    """Whether process 0's port accepts a connection (True where the address cannot be read: nothing to say)."""
+    host, _, port = address.rpartition(":")
     try:
-        host, port = waiting.parse_address(address)
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=1.0):
+            return True
     except ValueError:
         return True
-    return waiting.probe(host, port, timeout=1.0) == "open"
+    except OSError:
+        return False
 
 
 def join(address: str, count: int, index: int) -> None:
@@ -170,9 +158,7 @@ def join(address: str, count: int, index: int) -> None:
             "TPUKIT_COORDINATOR_ADDRESS and TPUKIT_NUM_PROCESSES and its own TPUKIT_PROCESS_ID."
         )
     _CLUSTER = _Cluster(address, count, index)
-    from keras.src.backend.jax import distribution_lib
-
-    distribution_lib.initialize_rng()  # what keras.distribution.initialize does after JAX's initialize
+    compat.initialize_keras_rng()  # what keras.distribution.initialize does after JAX's initialize
     threading.Thread(target=_watch, args=(_CLUSTER,), name="tpukit: peers", daemon=True).start()
     # Registered after JAX's own atexit hook (its import), so it runs before JAX's shutdown.
     atexit.register(_finish, _CLUSTER)
@@ -211,9 +197,7 @@ def _wait(thread: threading.Thread, address: str, count: int, index: int) -> Non
 
 
 def _client():
-    from jax._src import distributed
-
-    return distributed.global_state.client
+    return compat.coordination_client()
 
 
 def _missing(cluster: _Cluster) -> list[int]:
