@@ -10,6 +10,9 @@ In this process (a run started by the test itself):
     with faults.wait_log_seconds(0.2):              # a bounded wait logs its progress every 0.2 s
         ...
 
+    env = faults.env(oserror="tpukit.engines.keras.export:_write_serving_module:ENOSPC")
+    # that function raises OSError(ENOSPC) (a full disk) naming its first str argument, in every process of the run
+
 In a subprocess (`python -m tpukit.train`, a cluster's workers), `faults.env(...)` gives the environment that does
 the same: `tests/faults_site` on PYTHONPATH, whose `sitecustomize` reads the variables below and patches the
 modules when the child imports them.
@@ -23,6 +26,7 @@ that arrived during the step.
 from __future__ import annotations
 
 import contextlib
+import errno
 import math
 import os
 import signal
@@ -30,6 +34,7 @@ import sys
 import time
 
 SIGNALS_AT_STEP_ENV = "TPUKIT_FAULT_SIGNALS_AT_STEP"  # "STEP" or "STEP:SIGINT,SIGINT"
+OSERROR_ENV = "TPUKIT_FAULT_OSERROR"  # "module:function:ERRNO_NAME"
 WAIT_LOG_SECONDS_ENV = "TPUKIT_FAULT_WAIT_LOG_SECONDS"
 SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "faults_site")
 
@@ -64,6 +69,21 @@ def patch_trainer(trainer, step: int, signals: str = "SIGTERM"):
 
     guard.on_train_batch_end = on_train_batch_end
     return lambda: setattr(guard, "on_train_batch_end", original)
+
+
+def patch_oserror(module, function: str, code_name: str):
+    """Makes `module.function` raise `OSError(errno.<code_name>)` naming its first str argument (a path), as a
+    write on a full disk (ENOSPC), a read-only file system (EROFS) or over a quota (EDQUOT) does; returns the
+    function that undoes it."""
+    code = getattr(errno, code_name)
+    original = getattr(module, function)
+
+    def failing(*args, **kwargs):
+        path = next((a for a in (*args, *kwargs.values()) if isinstance(a, str)), None)
+        raise OSError(code, os.strerror(code), path)
+
+    setattr(module, function, failing)
+    return lambda: setattr(module, function, original)
 
 
 def patch_waiting(waiting, seconds: float):
@@ -103,9 +123,11 @@ def env(
     signals: str = "SIGTERM",
     wait_log_seconds: float | None = None,
     base: dict | None = None,
+    oserror: str | None = None,
 ) -> dict[str, str]:
     """The environment variables that inject these faults into a `python` subprocess: `base` (default: none, for
-    `dict(os.environ, **faults.env(...))`) plus PYTHONPATH with `tests/faults_site` first and the faults' settings."""
+    `dict(os.environ, **faults.env(...))`) plus PYTHONPATH with `tests/faults_site` first and the faults' settings.
+    `oserror`: "module:function:ERRNO_NAME" (`patch_oserror`), in every process the run starts too."""
     base = dict(base or {})
     path = base.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
     base["PYTHONPATH"] = os.pathsep.join(filter(None, [SITE_DIR, path]))
@@ -114,6 +136,10 @@ def env(
         base[SIGNALS_AT_STEP_ENV] = f"{int(signals_at_step)}:{signals}"
     if wait_log_seconds is not None:
         base[WAIT_LOG_SECONDS_ENV] = str(float(wait_log_seconds))
+    if oserror is not None:
+        # AttributeError on a misspelt errno, before anything runs.
+        getattr(errno, oserror.rsplit(":", 1)[1])
+        base[OSERROR_ENV] = oserror
     return base
 
 
@@ -128,6 +154,10 @@ def install_from_env() -> None:
     seconds = os.environ.get(WAIT_LOG_SECONDS_ENV)
     if seconds:
         patches[WAITING] = lambda module: patch_waiting(module, float(seconds))
+    failing = os.environ.get(OSERROR_ENV)
+    if failing:
+        name, function, code_name = failing.split(":")
+        patches[name] = lambda module: patch_oserror(module, function, code_name)
     if patches:
         sys.meta_path.insert(0, _AfterImport(patches))
 

@@ -29,6 +29,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import secrets
 import shutil
 import socket
@@ -45,6 +46,10 @@ HEARTBEAT_SECONDS = 60.0
 STALE_AFTER_SECONDS = 300.0
 # Temporary names carry this marker, so a run that holds the lock can clear what a killed writer left behind.
 TEMPORARY_MARK = ".tpukit-tmp-"
+# Orbax writes a checkpoint step into `<name>.orbax-checkpoint-tmp[-<time>]/`, then renames it (a local disk).
+ORBAX_TEMPORARY_MARK = ".orbax-checkpoint-tmp"
+# A non-chief task's directory inside the run's (`tpukit.planner.worker_output_dir`).
+WORKER_DIR = re.compile(r"worker\d+")
 
 
 class RunLockedError(RuntimeError):
@@ -161,14 +166,37 @@ def clear_temporaries(files, directory: str) -> list[str]:
 
 
 def clear_unfinished_checkpoints(files, checkpoint_dir: str) -> list[str]:
-    """Removes the `ckpt-N_temp` directories TensorFlow writes a checkpoint into before renaming it, left behind
-    when a save was killed (SIGKILL, a second Ctrl-C); call it only while holding the run directory's lock."""
-    return _clear(
-        files,
-        checkpoint_dir,
-        lambda name: name.startswith("ckpt-") and "_temp" in name,
-        "unfinished checkpoint save(s)",
-    )
+    """Removes what a killed save (SIGKILL, a second Ctrl-C, a lost host) left in `checkpoint_dir`: TensorFlow's
+    `ckpt-N_temp` directories, Orbax's `ckpt_N.orbax-checkpoint-tmp-*` directories and tpukit's own temporaries
+    (`ckpt-N.tpukit-tmp-*.npz`), each a whole checkpoint's size. Only a run's saves write there, so at its start,
+    holding the run directory's lock, all are leftovers but a temporary of a live process of this host."""
+    return _clear(files, checkpoint_dir, _unfinished_save, "unfinished checkpoint save(s)")
+
+
+def clear_unfinished_saves(files, task_dir: str, checkpoint_dir: str, *, chief: bool) -> list[str]:
+    """At a run's start, before anything saves: `clear_unfinished_checkpoints` over the checkpoint directories this
+    process answers for. The chief clears its `checkpoints/` and every worker's (`workerN/checkpoints/`); another
+    process only a checkpoint directory of its own (the tensorflow engine's workers), never one it shares with the
+    chief (the jax engine's), where the chief clears. Returns the names removed."""
+    own = os.path.join(task_dir, "checkpoints")
+    mine = os.path.normpath(checkpoint_dir) == os.path.normpath(own)
+    directories = [checkpoint_dir] if chief or mine else []
+    if chief:
+        workers = [name for name in files.listdir(task_dir) if WORKER_DIR.fullmatch(name)]
+        directories += [os.path.join(task_dir, name, "checkpoints") for name in sorted(workers)]
+    removed = []
+    for directory in directories:
+        removed += clear_unfinished_checkpoints(files, directory)
+    return removed
+
+
+def _unfinished_save(name: str) -> bool:
+    if name.startswith("ckpt-") and "_temp" in name:
+        return True
+    if ORBAX_TEMPORARY_MARK in name:
+        return True
+    # Another host's temporary counts too: no save runs while this process starts under the lock.
+    return TEMPORARY_MARK in name and not _writer_alive(name, other_hosts_alive=False)
 
 
 def _clear(files, directory: str, leftover, what: str) -> list[str]:
@@ -190,7 +218,7 @@ def _clear(files, directory: str, leftover, what: str) -> list[str]:
     return removed
 
 
-def _writer_alive(name: str) -> bool:
+def _writer_alive(name: str, other_hosts_alive: bool = True) -> bool:
     """Whether the process that named this temporary (`temporary_name`: its pid and host follow the mark) may
     still be writing it: an evaluation (which takes no lock) may be, right now."""
     try:
@@ -199,7 +227,7 @@ def _writer_alive(name: str) -> bool:
     except (IndexError, ValueError):
         return False
     if host != _HOST_TAG:
-        return True  # another host's writer (a shared directory): its pid cannot be checked here
+        return other_hosts_alive  # another host's writer (a shared directory): its pid cannot be checked here
     return pid != os.getpid() and _pid_alive(pid)
 
 

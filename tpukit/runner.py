@@ -247,8 +247,7 @@ def run(
                 if lock is None:  # a new directory: created now, with the lock in it
                     lock = _locked(engine, files, the_plan.output_dir, break_lock)
                 with _writes_to(engine, the_plan.output_dir):
-                    rundir.clear_temporaries(files, the_plan.output_dir)
-                    rundir.clear_unfinished_checkpoints(files, the_plan.checkpoint_dir)
+                    _clear_leftovers(files, the_plan)
                     _record_start(files, the_plan, lock.holder)
         try:
             return _run(the_plan, engine, recipe, callbacks, files, phases)
@@ -283,6 +282,15 @@ def _writes_to(engine, directory: str):
             "free space or make the directory writable (or pass another --output_dir holding a copy of it), then "
             "run the same command to resume."
         ) from None
+
+
+def _clear_leftovers(files, the_plan: Plan) -> None:
+    """What killed writers left, at the start before anything is written: temporaries of the outputs, and
+    unfinished checkpoint saves in the checkpoint directories this process answers for."""
+    rundir.clear_temporaries(files, the_plan.output_dir)
+    rundir.clear_unfinished_saves(
+        files, the_plan.output_dir, the_plan.checkpoint_dir, chief=the_plan.chief
+    )
 
 
 def _record_start(files, the_plan: Plan, holder: rundir.Holder) -> None:

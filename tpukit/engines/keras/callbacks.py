@@ -4,6 +4,7 @@ metrics, learning rate, examples/s, steps/s). Steps are counted with `optimizer.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -13,7 +14,7 @@ import keras
 import tensorflow as tf
 
 from tpukit import rundir
-from tpukit.engines.keras import keras_private
+from tpukit.engines.keras import export, keras_private
 
 logger = logging.getLogger("tpukit")
 
@@ -258,14 +259,21 @@ class ResumableModelCheckpoint(keras.callbacks.ModelCheckpoint):
     def on_epoch_end(self, epoch, logs=None):
         # Written whole: Keras saves to a temporary name (still ending in .keras), renamed over best.keras after,
         # so a SIGKILL or a full disk mid-save leaves the previous best.keras intact.
+        # A full disk or a read-only directory stops the run (ExportWriteError), with the checkpoints kept.
         temporary = rundir.temporary_name(self.final_path)
         self.filepath = temporary
-        try:
-            super().on_epoch_end(epoch, logs)
-        finally:
-            self.filepath = self.final_path
-        if tf.io.gfile.exists(temporary):
-            tf.io.gfile.rename(temporary, self.final_path, overwrite=True)
+        with export.writing(os.path.basename(self.final_path), self.final_path):
+            try:
+                super().on_epoch_end(epoch, logs)
+            except BaseException:
+                with contextlib.suppress(Exception):  # what a full disk left of it
+                    if tf.io.gfile.exists(temporary):
+                        tf.io.gfile.remove(temporary)
+                raise
+            finally:
+                self.filepath = self.final_path
+            if tf.io.gfile.exists(temporary):
+                tf.io.gfile.rename(temporary, self.final_path, overwrite=True)
         if self.best is not None and math.isfinite(self.best):
             self.state.export_best.assign(self.best)
 

@@ -15,15 +15,109 @@ fetches the weights into this process and writes the zip file here.
 from __future__ import annotations
 
 import contextlib
+import errno
+import json
 import os
 
 from tpukit import rundir
 
 KERAS_FILENAME = "model.keras"
 SAVED_MODEL_DIRNAME = "saved_model"
+SAVED_MODEL_WHAT = "the SavedModel"
 SERVING_ENDPOINT = (
     "serve"  # the name `keras.Model.export` gives it too (keras.src.export.saved_model)
 )
+
+# Why an output cannot take a write, by errno: (what it means, the fix). TensorFlow's and h5py's errors carry only
+# the text (`os.strerror`), which names the errno as well.
+OUTPUT_ERRNOS = {
+    errno.ENOSPC: ("the disk is full", "free space on that disk"),
+    errno.EDQUOT: ("the disk quota is used up", "free space within the quota or have it raised"),
+    errno.EROFS: ("the file system is read-only", "make it writable"),
+    errno.EACCES: ("this user may not write there", "make the directory writable for this user"),
+    errno.EPERM: ("this user may not write there", "make the directory writable for this user"),
+}
+
+
+class ExportWriteError(OSError):
+    """An export (`what`: "model.keras", "the SavedModel", "best.keras") that could not be written at `path`
+    because the output takes no writes (`OUTPUT_ERRNOS`): a failure of the run, which the engines report with the
+    checkpoint kept (`explained`) and the same command re-exports. An OSError with that errno and path."""
+
+    def __init__(self, what: str, path: str, code: int, detail: str):
+        super().__init__(code, os.strerror(code), path)
+        self.what, self.path, self.code, self.detail = what, path, code, detail
+        meaning, _ = OUTPUT_ERRNOS[code]
+        self.message = (
+            f"{what} could not be written to {path}: {os.strerror(code)} ({errno.errorcode[code]}: {meaning}; "
+            f"{detail})"
+        )
+
+    def __str__(self) -> str:
+        return self.message
+
+    def explained(self, newest_step: int, checkpoint_dir: str) -> str:
+        """The run's one-paragraph message: what failed and where, the checkpoint kept, the fix."""
+        _, fix = OUTPUT_ERRNOS[self.code]
+        kept = (
+            f"The trained checkpoint is kept (step {newest_step} in {checkpoint_dir})"
+            if newest_step
+            else f"No checkpoint was lost ({checkpoint_dir})"
+        )
+        return (
+            f"{self}. {kept}. Fix: {fix} (or pass another --output_dir holding a copy of the run), then run the "
+            "same command: it goes on from that checkpoint, and a finished training is not repeated, only "
+            "exported again."
+        )
+
+    def to_line(self) -> str:
+        """One short line that `from_line` reads back (the jax engine's exporting process prints it)."""
+        return LINE_MARK + json.dumps([self.code, self.detail[:200]])
+
+    @classmethod
+    def from_line(cls, line: str, what: str, path: str) -> ExportWriteError | None:
+        """The error of `what` at `path` that an exporting process's output `line` names: its `to_line`, or any
+        text naming a failed write; None for another failure (a model that cannot be exported)."""
+        _, marked, rest = line.partition(LINE_MARK)
+        if marked:
+            with contextlib.suppress(ValueError, TypeError, KeyError):
+                code, detail = json.loads(rest)
+                return cls(what, path, code, detail)
+        code = _output_errno(None, line)
+        return None if code is None else cls(what, path, code, " ".join(line.split())[:200])
+
+
+LINE_MARK = "tpukit: export write failed: "
+
+
+def output_write_error(error: BaseException, what: str, path: str) -> ExportWriteError | None:
+    """`error` as an ExportWriteError when it means the output takes no writes (an errno of `OUTPUT_ERRNOS`, or
+    its text in a TensorFlow or Keras error), else None."""
+    if isinstance(error, ExportWriteError):
+        return error
+    text = " ".join(str(error).split())
+    code = _output_errno(getattr(error, "errno", None), text)
+    if code is None:
+        return None
+    return ExportWriteError(what, path, code, f"{type(error).__name__}: {text[:200]}")
+
+
+def _output_errno(code: int | None, text: str) -> int | None:
+    if code in OUTPUT_ERRNOS:
+        return code
+    return next((c for c in OUTPUT_ERRNOS if os.strerror(c) in text), None)
+
+
+@contextlib.contextmanager
+def writing(what: str, path: str):
+    """Raises an ExportWriteError for an error inside that means the output takes no writes."""
+    try:
+        yield
+    except Exception as error:
+        failure = output_write_error(error, what, path)
+        if failure is None or failure is error:
+            raise
+        raise failure from error
 
 
 def io_device_for(strategy, directory: str | None = None) -> str | None:
@@ -105,22 +199,33 @@ def export_model(
     Raises:
         ValueError: the model has no symbolic inputs (a subclassed model never called on a `keras.Input`).
     """
-    import tensorflow as tf
 
     signature = _serving_signature(model, features)  # fails before anything is written
-    tf.io.gfile.makedirs(output_dir)  # local paths and gs:// alike
-    keras_path = os.path.join(output_dir, KERAS_FILENAME)
-    saved_model_path = os.path.join(output_dir, SAVED_MODEL_DIRNAME)
-    # Each output is written whole under a temporary name, then renamed into place: a SIGKILL or a full disk during
-    # an export leaves the previous export (or none), never a truncated model.keras or a half-written SavedModel.
-    temporary = rundir.temporary_name(keras_path)
-    with _removed_on_failure(temporary):
-        model.save(temporary)
-        tf.io.gfile.rename(temporary, keras_path, overwrite=True)
-    export_saved_model(
+    keras_path = save_keras(model, output_dir)
+    saved_model_path = export_saved_model(
         model, output_dir, io_device=io_device, features=features, signature=signature
     )
     return {"keras": keras_path, "saved_model": saved_model_path}
+
+
+def save_keras(model, output_dir: str) -> str:
+    """Writes `output_dir/model.keras` whole and returns its path. Raises ExportWriteError when the output takes
+    no writes (a full disk, a read-only or quota-exceeded directory)."""
+    import tensorflow as tf
+
+    keras_path = os.path.join(output_dir, KERAS_FILENAME)
+    # Each output is written whole under a temporary name, then renamed into place: a SIGKILL or a full disk during
+    # an export leaves the previous export (or none), never a truncated model.keras or a half-written SavedModel.
+    temporary = rundir.temporary_name(keras_path)
+    with writing(KERAS_FILENAME, keras_path), _removed_on_failure(temporary):
+        tf.io.gfile.makedirs(output_dir)  # local paths and gs:// alike
+        _save_keras_file(model, temporary)
+        tf.io.gfile.rename(temporary, keras_path, overwrite=True)
+    return keras_path
+
+
+def _save_keras_file(model, path: str) -> None:
+    model.save(path)
 
 
 def export_saved_model(
@@ -146,7 +251,8 @@ def export_saved_model(
 
     options = tf.saved_model.SaveOptions(experimental_io_device=io_device) if io_device else None
     temporary = rundir.temporary_name(saved_model_path)
-    with _removed_on_failure(temporary):
+    with writing(SAVED_MODEL_WHAT, saved_model_path), _removed_on_failure(temporary):
+        tf.io.gfile.makedirs(output_dir)
         try:
             _write_serving_module(model, serve, signature, temporary, options)
         except (AssertionError, ValueError) as error:
@@ -260,7 +366,12 @@ def main(argv: list[str]) -> int:
 
     keras_path, output_dir = argv
     model = keras.saving.load_model(keras_path, compile=False)
-    export_saved_model(model, output_dir)
+    try:
+        export_saved_model(model, output_dir)
+    except ExportWriteError as error:
+        # The last line, which the run reads back (`ExportWriteError.from_line`).
+        print(error.to_line())
+        return 1
     return 0
 
 

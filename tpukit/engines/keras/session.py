@@ -22,7 +22,7 @@ import tensorflow as tf
 from tpukit import data, task
 from tpukit.engines import OutputDirError
 from tpukit.engines.keras import callbacks as callbacks_lib
-from tpukit.engines.keras import flops, keras_private, trainer
+from tpukit.engines.keras import export, flops, keras_private, trainer
 from tpukit.environment import diagnose
 from tpukit.planner import Plan, RunSettings
 from tpukit.planner import steps as steps_lib
@@ -380,6 +380,10 @@ def _recipe_or_output_failure(
     """The tpukit error that `error` means, or None: a corrupt record or a label beyond the model's classes
     (RecipeError), or an output directory that stopped taking writes (OutputDirError)."""
 
+    # An export that found the output full or read-only: the checkpoint is kept, the rerun re-exports.
+    if isinstance(error, export.ExportWriteError):
+        step = newest_step(the_plan.checkpoint_dir)
+        return OutputDirError(error.explained(step, the_plan.checkpoint_dir))
     if isinstance(error, tf.errors.OpError):
         settings = the_plan.settings
         splits = [s for s in (settings.train_split, settings.eval_split) if s]
