@@ -7,10 +7,13 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
 from helpers import JAX_CHILD, REPO, finish_processes, free_ports, model_weights, run_jax
+
+from tpukit.engines.jax import peers
 
 # No shuffling: each process reads every other example (its own shard), so a global batch then holds the same
 # examples as one pipeline's batch, in another order (the loss is a mean: the order changes only rounding). With
@@ -32,11 +35,10 @@ def _results(log_path):
     return [json.loads(line[len("RESULT ") :]) for line in lines if line.startswith("RESULT ")]
 
 
-def _run_pair(
-    tmp_path, name: str, configs: list[dict], timeout: int = 480
-) -> tuple[list[int], list[str]]:
-    """Runs tests/engines/jax/child.py as processes 0 and 1 of one JAX cluster (4 virtual devices each, one
-    coordinator on 127.0.0.1); returns their exit codes and the paths of their logs."""
+def _start_pair(tmp_path, name: str, configs: list) -> tuple[list, list]:
+    """Starts tests/engines/jax/child.py (a config dict) or `python -m tpukit.train` (a list of its arguments) as
+    processes 0 and 1 of one JAX cluster (4 virtual devices each, one coordinator on 127.0.0.1); returns the
+    `(process, log file)` pairs and the paths of the logs."""
     (port,) = free_ports(1)
     processes, logs = [], []
     for index, config in enumerate(configs):
@@ -63,6 +65,12 @@ def _run_pair(
                 log,
             )
         )
+    return processes, logs
+
+
+def _run_pair(tmp_path, name: str, configs: list, timeout: int = 480) -> tuple[list[int], list]:
+    """`_start_pair`, then the exit codes (each waited for up to `timeout` seconds) and the paths of the logs."""
+    processes, logs = _start_pair(tmp_path, name, configs)
     return finish_processes(processes, timeout=timeout), logs
 
 
@@ -120,13 +128,15 @@ def test_two_processes_of_four_devices_give_the_single_device_losses(pair_run, t
 
 @pytest.mark.cluster
 @pytest.mark.parametrize("killed", [1, 0])
-def test_sigkill_either_process_then_rerun_both_ends_with_the_uninterrupted_weights(
+def test_sigkill_either_process_stops_the_other_and_a_rerun_gives_the_uninterrupted_weights(
     killed, pair_run, tmp_path
 ):
     # Killed at the end of step 4: the step-3 save (the epoch end) may still be in flight, written by both
-    # processes or by one only. A rerun of both must agree on one committed step and finish as if never killed.
+    # processes or by one only. The survivor must stop (never "done", never hang); a rerun of both must agree on
+    # one committed step and finish as if never killed.
     reference, codes, _ = pair_run
     assert codes == [0, 0]
+    checkpoints = tmp_path / "out" / "checkpoints"
     config = {
         "recipe": "textfiles_char_lm",
         "overrides": [*SMALL_LM, "runtime.mesh.data=2", "runtime.mesh.model=4"],
@@ -134,13 +144,30 @@ def test_sigkill_either_process_then_rerun_both_ends_with_the_uninterrupted_weig
     }
     configs = [config, config]
     configs[killed] = {**config, "kill_at_step": 4}
-    codes, logs = _run_pair(tmp_path, "killed", configs, timeout=240)
-    assert codes[killed] == -9, [p.read_text()[-2000:] for p in logs]
-    assert codes[1 - killed] != 0, [
-        p.read_text()[-2000:] for p in logs
-    ]  # the survivor stops, never "done"
-    committed = {n for n in os.listdir(tmp_path / "out" / "checkpoints") if n[5:].isdigit()}
+    processes, logs = _start_pair(tmp_path, "killed", configs)
+    (victim, _), (survivor, _) = processes[killed], processes[1 - killed]
+    try:
+        assert victim.wait(timeout=480) == -9, logs[killed].read_text()[-3000:]
+        killed_at = time.monotonic()
+        code = survivor.wait(timeout=90)
+        waited = time.monotonic() - killed_at
+    finally:
+        finish_processes(processes, timeout=1)
+    output = logs[1 - killed].read_text()
+    assert code != 0 and waited < 60, (code, waited, output[-3000:])
+    committed = {n for n in os.listdir(checkpoints) if n[5:].isdigit()}
     assert {"ckpt_0", "ckpt_2"} <= committed <= {"ckpt_0", "ckpt_2", "ckpt_3"}, committed
+    if killed == 1:
+        # Process 0 hosts the coordination service: it sees process 1 go and says so (tpukit.engines.jax.peers).
+        # Process 1 of a lost process 0 is ended by JAX's C++ abort, which nothing in Python can stop (peers.py).
+        assert code == 1 and waited < peers.HEARTBEAT_SECONDS + 15, (code, waited)
+        assert "tpukit: lost process 1 of 2" in output, output[-3000:]
+        assert "restart every process with the same command" in output, output[-3000:]
+        assert (
+            f"newest ckpt step {max(int(n[5:]) for n in committed)} in {checkpoints}" in output
+        ), output[-3000:]
+        for crash in ("Traceback", "Check failure", "Fatal Python error", "Terminating process"):
+            assert crash not in output, output[-3000:]
 
     codes, logs = _run_pair(tmp_path, "rerun", [config, config])
     assert codes == [0, 0], [p.read_text()[-3000:] for p in logs]
@@ -152,7 +179,7 @@ def test_sigkill_either_process_then_rerun_both_ends_with_the_uninterrupted_weig
         strict=True,
     ):
         np.testing.assert_array_equal(rerun, uninterrupted)
-    left = os.listdir(tmp_path / "out" / "checkpoints")
+    left = os.listdir(checkpoints)
     assert all(n[5:].isdigit() for n in left), left  # no temporary of the killed save survives
 
 
@@ -178,3 +205,39 @@ def test_a_checkpoint_directory_one_process_cannot_see_is_refused_before_trainin
     assert not (tmp_path / "host0" / "checkpoints").exists() or not [
         n for n in os.listdir(tmp_path / "host0" / "checkpoints") if n.startswith("ckpt_")
     ]
+
+
+@pytest.mark.cluster
+def test_one_process_evaluates_the_checkpoint_two_processes_wrote(pair_run):
+    # A restore onto another process count and mesh: 1 process, 1 device, from the 2 x 4 run's Orbax step.
+    out, codes, log_paths = pair_run
+    assert codes == [0, 0]
+    overrides = [*SMALL_LM, "runtime.engine=jax", "runtime.mesh.data=1", "runtime.mesh.model=1"]
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tpukit.train",
+            "textfiles_char_lm",
+            "--mode",
+            "eval",
+            "--output_dir",
+            str(out),
+        ]
+        + [arg for override in overrides for arg in ("--set", override)],
+        env=dict(
+            os.environ,
+            XLA_FLAGS="--xla_force_host_platform_device_count=1",
+            KERAS_BACKEND="jax",
+            PYTHONPATH=REPO,
+        ),
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    evaluated = json.loads((out / "eval_metrics.json").read_text())
+    chief = _results(log_paths[0])[0]["metrics"]
+    assert evaluated["step"] == 6, evaluated
+    np.testing.assert_allclose(evaluated["eval"]["loss"], chief["eval"]["loss"], rtol=0, atol=1e-5)
