@@ -1,7 +1,7 @@
 """The JAX engine's checks, run when it is first used (never at `import tpukit`): JAX in the tested range, Keras on
 the JAX backend, and TensorFlow (the CPU build: tf.data reads the input) importable; and the private JAX touches
 the engine needs (`backends_started`, `register_unrolled_threefry_on_cpu`: `tpukit.engines.jax.cpu` uses them;
-`coordination_client`, `initialize_keras_rng`: `tpukit.engines.jax.peers`).
+`coordination_client`: `tpukit.engines.jax.peers`).
 
 JAX 0.10 is the newest release for CPython 3.11 (jax >= 0.11 needs Python >= 3.12); Keras 3.15's JAX trainer and
 `keras.distribution` are tested on 8 virtual CPU devices (tests/engines/jax/) with the JAX releases of
@@ -82,15 +82,6 @@ def coordination_client():
     from jax._src import distributed
 
     return distributed.global_state.client
-
-
-def initialize_keras_rng() -> None:
-    """What `keras.distribution.initialize` does after `jax.distributed.initialize`: one random seed shared by every
-    process. Private, Keras 3.15: `keras.src.backend.jax.distribution_lib.initialize_rng` (tpukit calls JAX's
-    initialize itself, for its recoverability and heartbeat options, which Keras' does not pass on)."""
-    from keras.src.backend.jax import distribution_lib
-
-    distribution_lib.initialize_rng()
 
 
 def check_jax() -> str:

@@ -132,7 +132,7 @@ def _coordinator_up(address: str) -> bool:
 def join(address: str, count: int, index: int) -> None:
     """`jax.distributed.initialize` with recoverability and a short heartbeat, connected in a daemon thread while
     this thread names who it waits for every `JOIN_LOG_SECONDS` and ends on SIGTERM/SIGINT (exit 128 + signal);
-    then Keras' shared random seed, the watchdog and the exit protocol."""
+    then the watchdog and the exit protocol."""
     global _CLUSTER
     jax.config.update("jax_enable_recoverability", True)
     box: dict = {}
@@ -158,7 +158,8 @@ def join(address: str, count: int, index: int) -> None:
             "TPUKIT_COORDINATOR_ADDRESS and TPUKIT_NUM_PROCESSES and its own TPUKIT_PROCESS_ID."
         )
     _CLUSTER = _Cluster(address, count, index)
-    compat.initialize_keras_rng()  # what keras.distribution.initialize does after JAX's initialize
+    # keras.distribution.initialize would also share a random seed when none is set; the engine sets the recipe's
+    # seed on every process before anything is built (`engine._build`).
     threading.Thread(target=_watch, args=(_CLUSTER,), name="tpukit: peers", daemon=True).start()
     # Registered after JAX's own atexit hook (its import), so it runs before JAX's shutdown.
     atexit.register(_finish, _CLUSTER)
