@@ -5,7 +5,8 @@
 Runs `tpukit.run` on the JAX backend and prints one line `RESULT {json}`: the metrics, the loss logged after every
 step, and for each trainable variable its global shape, the shape of the shard on the first device and its
 `PartitionSpec` (read from the arrays themselves, so a layout that shards nothing cannot pass for one that does).
-`kill_at_step`: SIGKILL this process once that step has ended (after any checkpoint saved at it). `cache_hits`:
+`kill_at_step`: SIGKILL this process once that step has ended (a checkpoint saved at it may still be in flight;
+with `kill_after_commit`, once no save is). `cache_hits`:
 computations loaded from the persistent compilation cache (JAX's monitoring event). `compiles`: the
 XLA compilations of the run (`jax_log_compiles`), each as [the jitted function's name, the epoch of `fit` it
 happened in (None: outside fit)]. `open_exports`: SavedModel export processes the engine left running; before a
@@ -19,6 +20,7 @@ import os
 import re
 import signal
 import sys
+import time
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -48,9 +50,10 @@ COMPILES = Compiles()
 
 
 class Recorder(keras.callbacks.Callback):
-    def __init__(self, kill_at_step):
+    def __init__(self, kill_at_step, committed_dir=None):
         super().__init__()
         self.losses, self.shards, self.kill_at_step = [], {}, kill_at_step
+        self.committed_dir = committed_dir  # `kill_after_commit`: this run's checkpoint directory
 
     def on_epoch_begin(self, epoch, logs=None):
         COMPILES.epoch = epoch
@@ -63,6 +66,14 @@ class Recorder(keras.callbacks.Callback):
         self.losses.append(float(logs["loss"]))
         step = int(self.model.optimizer.iterations.numpy())
         if self.kill_at_step and step >= self.kill_at_step:
+            if (
+                self.committed_dir
+            ):  # the asynchronous save in flight committed first (never a temporary left)
+                deadline = time.monotonic() + 60
+                while time.monotonic() < deadline and any(
+                    "tmp" in n for n in os.listdir(self.committed_dir)
+                ):
+                    time.sleep(0.02)
             # The SavedModel export processes (paused now, while steps train) must end with this one.
             print("EXPORT_PROCESSES " + json.dumps(_export_pids()), flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
@@ -112,7 +123,12 @@ def main(config: dict) -> None:
     recipe = tpukit.load_recipe(
         config["recipe"], ["runtime.engine=jax", *config.get("overrides", [])]
     )
-    recorder = Recorder(config.get("kill_at_step"))
+    recorder = Recorder(
+        config.get("kill_at_step"),
+        os.path.join(config["output_dir"], "checkpoints")
+        if config.get("kill_after_commit")
+        else None,
+    )
     COMPILES.seen = []
     mock = contextlib.nullcontext()
     if config.get("mock_tfds"):
