@@ -337,3 +337,24 @@ def test_jax_a_real_full_disk_at_the_saved_model_fails_and_the_rerun_exports(sma
     again = _train(out, *JAX)
     assert again.returncode == 0, again.stderr[-3000:]
     assert (out / "saved_model").is_dir() and "tpukit: done (done, step 22)" in again.stdout
+
+
+@pytest.mark.root
+@pytest.mark.integration
+def test_jax_a_real_full_disk_at_a_background_checkpoint_write_fails_cleanly(small_disk):
+    # Orbax writes a checkpoint in a background thread and raises tensorstore's ValueError (RESOURCE_EXHAUSTED ...
+    # No space left on device) when it is waited for: the run must stop as at any other full disk.
+    _resize(small_disk, 1200 * 1024)
+    out = small_disk / "run"
+    extra = [*JAX, "--set", "train.epochs=2", "--set", "runtime.checkpoint_max_overhead=null"]
+    failed = _train(out, *extra)
+    _failed_cleanly(failed, "No space left on device", "checkpoints written before are kept")
+    assert "Exception ignored" not in failed.stderr, failed.stderr[
+        -3000:
+    ]  # Orbax's threads were closed
+    _resize(small_disk, 64 * 1024 * 1024)
+    again = _train(out, *extra)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "tpukit: done (done, step 44)" in again.stdout, again.stdout[-2000:]
+    left = os.listdir(out / "checkpoints")
+    assert all(name.startswith("ckpt_") and name[5:].isdigit() for name in left), left

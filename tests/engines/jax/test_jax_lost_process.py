@@ -95,9 +95,15 @@ def test_the_lost_process_message_names_it_the_checkpoint_and_the_fix():
         "resumes from step 4."
     )
     text = peers.lost_message([2, 3], 4, None, None, "/c")
-    assert text.startswith("tpukit: lost process 2, 3 of 4 (it stopped answering). No checkpoint")
+    assert text.startswith(
+        "tpukit: lost processes 2, 3 of 4 (they stopped answering). No checkpoint"
+    )
     assert text.endswith(
         "restart every process with the same command; the run starts from the beginning."
+    )
+    text = peers.lost_message([1], 2, 3, 2, "/c", "stopped on an error of its own, in its log")
+    assert text.startswith(
+        "tpukit: lost process 1 of 2 (it stopped on an error of its own, in its log, during"
     )
 
 

@@ -16,6 +16,8 @@ The interface is `tpukit.engines.keras.checkpoint.Checkpointer`, which `trainer.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import io
 import json
 import logging
@@ -38,6 +40,7 @@ from tpukit.engines.keras.checkpoint import (
 logger = logging.getLogger("tpukit")
 
 PREFIX = "ckpt"  # Orbax step directories: ckpt_<step>
+RUN_STATE = "tpukit_run_state.json"  # the run state of a step saved again at its epoch end (it wins over run/)
 SUFFIX = ".npz"  # the whole-value files of tpukit before issue 39, still read
 COMMITTED = (
     "commit_success.txt"  # Orbax's commit marker (the one proof of a commit on object stores)
@@ -197,6 +200,65 @@ def _gathered(values: list[int], width: int = 64) -> np.ndarray:
     return np.asarray(multihost_utils.process_allgather(row)).reshape(-1, width)
 
 
+@contextlib.contextmanager
+def _as_os_errors(directory: str):
+    """Orbax's write errors as `OSError`s with their errno where the text names a full disk, a quota or a
+    read-only or forbidden directory (tensorstore raises `ValueError: RESOURCE_EXHAUSTED: ... [os_error_code='28']`),
+    so that the run stops with the output-directory message, as a full disk at any other write does."""
+    try:
+        yield
+    except OSError:
+        raise
+    except Exception as error:
+        text = " ".join(str(error).split())
+        code = next(
+            (
+                c
+                for c in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES)
+                if os.strerror(c) in text
+            ),
+            None,
+        )
+        if code is None:
+            raise
+        raise OSError(
+            code, f"{os.strerror(code)}: writing a checkpoint in {directory} ({text[:300]})"
+        ) from error
+
+
+class _OrbaxErrorsRaised(logging.Filter):
+    """Drops Orbax's error records that carry a traceback (each failing background thread logs one): the same
+    error is raised to tpukit at `wait` or the next save, which reports it once, as the fault it is."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (
+            record.levelno >= logging.ERROR
+            and record.exc_info
+            and f"{os.sep}orbax{os.sep}" in (record.pathname or "")
+        )
+
+
+def _quiet_orbax_errors() -> None:
+    absl = logging.getLogger("absl")  # Orbax logs through absl.logging
+    if not any(isinstance(f, _OrbaxErrorsRaised) for f in absl.filters):
+        absl.addFilter(_OrbaxErrorsRaised())
+
+
+def _write_whole(path: str, text: str) -> None:
+    """Writes `path` whole or not at all: a temporary beside it, flushed, then renamed over it (one object write on
+    an object store, where a write is atomic)."""
+    if "://" in path:
+        with tf.io.gfile.GFile(path, "w") as handle:
+            handle.write(text)
+        return
+    temporary = f"{path}.tmp-{os.getpid()}"
+    with open(temporary, "w") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+
+
 def unshared_processes(directory: str) -> list[int]:
     """The processes that cannot see a file process 0 writes in `directory` ([] on one process, or when all can):
     every process writes its shards into one checkpoint directory, so a local path on each host of a slice (each
@@ -250,6 +312,7 @@ class Checkpointer:
 
     def _writer(self):
         if self._orbax is None:
+            _quiet_orbax_errors()
             ocp = orbax()
             options = ocp.CheckpointManagerOptions(
                 max_to_keep=self.max_to_keep,
@@ -310,9 +373,15 @@ class Checkpointer:
         self._sync()
         step = self.step
         writer = self._writer()
-        writer.wait_until_finished()  # the previous save (its error, if any, is raised here)
+        with _as_os_errors(self.directory):
+            writer.wait_until_finished()  # the previous save (its error, if any, is raised here)
+        path = os.path.join(self.directory, f"{PREFIX}_{step}")
         if step in writer.all_steps():
-            writer.delete(step)  # the same step again, with its epoch end's run state
+            # The same step again, with its epoch end's run state: the arrays are those saved, so only the run
+            # state is written, whole or not at all, beside them (never a moment without the committed step).
+            _write_whole(os.path.join(path, RUN_STATE), json.dumps(self.state.to_dict()))
+            self.last_saved_step = step
+            return path
         variables = self._variables()
         run = {
             "run_state": self.state.to_dict(),
@@ -321,14 +390,14 @@ class Checkpointer:
             "dtypes": [str(np.dtype(v.value.dtype)) for v in variables],
         }
         arrays = {f"v{i:05d}": v.value for i, v in enumerate(variables)}
-        writer.save(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardSave(arrays), run=ocp.args.JsonSave(run)
-            ),
-            force=True,
-        )
-        path = os.path.join(self.directory, f"{PREFIX}_{step}")
+        with _as_os_errors(self.directory):
+            writer.save(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardSave(arrays), run=ocp.args.JsonSave(run)
+                ),
+                force=True,
+            )
         self.last_saved_step = step
         self.saved_at = time.perf_counter()
         # The first save starts Orbax's threads and tensorstore (0.2-0.3 s on a CPU): not a cost of each save.
@@ -346,16 +415,23 @@ class Checkpointer:
             return
         started = time.perf_counter()
         try:
-            self._orbax.wait_until_finished()
+            with _as_os_errors(self.directory):
+                self._orbax.wait_until_finished()
         finally:
             self.seconds_saving += time.perf_counter() - started
 
     def close(self) -> None:
-        """Waits for the save in flight and ends Orbax's background threads."""
-        if self._orbax is not None:
-            self.wait()
-            self._orbax.close()
-            self._orbax = None
+        """Waits for the save in flight (raising its error) and ends Orbax's background threads, also when the
+        save failed (a full disk): threads left running are ended at interpreter exit, noisily."""
+        if self._orbax is None:
+            return
+        writer, self._orbax = self._orbax, None
+        try:
+            with _as_os_errors(self.directory):
+                writer.wait_until_finished()
+        finally:
+            with contextlib.suppress(Exception):
+                writer.close()
 
     def save_is_due(self, max_overhead: float | None) -> bool:
         # Not `manager.latest_checkpoint`: that waits for the save in flight.
@@ -426,7 +502,12 @@ class Checkpointer:
         state = reader.restore(
             path, args=ocp.args.Composite(state=ocp.args.StandardRestore(target))
         ).state
-        return [state[f"v{i:05d}"] for i in range(len(variables))], run["run_state"]
+        run_state = run["run_state"]
+        again = os.path.join(path, RUN_STATE)
+        if tf.io.gfile.exists(again):  # the step saved again at its epoch end
+            with tf.io.gfile.GFile(again) as handle:
+                run_state = json.load(handle)
+        return [state[f"v{i:05d}"] for i in range(len(variables))], run_state
 
 
 def _read_npz(path: str, variables: list) -> tuple[list, dict]:

@@ -479,7 +479,7 @@ def train(session: Session, callbacks: list | None = None):
     )
     progress = peers.Progress(session.start_step, the_plan.steps_per_execution)
     try:
-        return session_lib.fit_session(
+        outcome = session_lib.fit_session(
             session,
             _train_dataset,
             _eval_dataset,
@@ -487,7 +487,11 @@ def train(session: Session, callbacks: list | None = None):
         )
     except Exception as error:
         peers.check_lost(error)  # returns unless a process was lost
+        with contextlib.suppress(Exception):  # the error that stopped training is the one to report
+            session.checkpointer.close()
         raise
+    session.checkpointer.close()  # Orbax's threads end with training (the last save is committed already)
+    return outcome
 
 
 class InOrder(keras.callbacks.Callback):
@@ -724,6 +728,7 @@ def report(session: Session, outcome, evaluation: dict, exported: dict) -> dict:
         steps_per_execution_decision=session.decision,
         **cpu.report(),
     )
+    peers.succeeded()  # at exit this process tells the others it finished, not that it failed
     return metrics
 
 

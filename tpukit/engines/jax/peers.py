@@ -42,6 +42,7 @@ JOIN_LOG_SECONDS = 30.0
 POLL_SECONDS = 1.0
 FINISHED_WAIT_SECONDS = 30.0  # how long process 0 waits at exit for the others to disconnect
 _FINISHED_KEY = "tpukit/finished/{}"
+_FAILED_KEY = "tpukit/failed/{}"  # a process that ends on its own error says so: "stopped with an error", not lost
 
 
 @dataclasses.dataclass
@@ -54,6 +55,7 @@ class _Cluster:
     newest_step: Callable[[], int | None] | None = None
     checkpoint_dir: str | None = None
     step: int | None = None  # the newest training step this process finished (`Progress`)
+    succeeded: bool = False  # the run reported (`succeeded`): at exit it says finished, else failed
     stopped: threading.Event = dataclasses.field(default_factory=threading.Event)
 
 
@@ -70,7 +72,9 @@ def lost_message(
 ) -> str:
     """The survivor's one message: which process was lost, the checkpoint kept, and the fix."""
     names = ", ".join(str(p) for p in lost)
-    during = f" during training step ~{step}" if step is not None else ""
+    during = (
+        f"{',' if 'log' in how else ''} during training step ~{step}" if step is not None else ""
+    )
     where = f" in {checkpoint_dir}" if checkpoint_dir else ""
     if newest is None:
         kept = f"No checkpoint was found{where}."
@@ -78,8 +82,13 @@ def lost_message(
     else:
         kept = f"The checkpoints are kept: newest ckpt step {newest}{where}."
         resume = f"the run resumes from step {newest}"
+    who, it = ("process", "it") if len(lost) == 1 else ("processes", "they")
+    if len(lost) > 1:
+        how = how.replace("closed its", "closed their").replace(
+            "of its own, in its log", "of their own, in their logs"
+        )
     return (
-        f"tpukit: lost process {names} of {count} (it {how}{during}). {kept} "
+        f"tpukit: lost {who} {names} of {count} ({it} {how}{during}). {kept} "
         f"Fix: restart every process with the same command; {resume}."
     )
 
@@ -201,31 +210,43 @@ def _client():
     return compat.coordination_client()
 
 
-def _missing(cluster: _Cluster) -> list[int]:
-    """The processes the service no longer sees and that did not say they finished; [0] if the service itself is
-    unreachable (process 0 hosts it)."""
+def _missing(cluster: _Cluster) -> tuple[list[int], str]:
+    """The processes the service no longer sees and that did not say they finished, and how they went ("stopped
+    with an error" when they said so); [0] if the service itself is unreachable (process 0 hosts it)."""
     client = _client()
     try:
         live = client.get_live_nodes(list(range(cluster.count)))
     except Exception:  # noqa: BLE001 - the coordination service is gone: process 0 with it
-        return [0] if cluster.index != 0 else []
-    return [p for p in range(cluster.count) if p not in live and not _finished(client, p)]
+        return ([0] if cluster.index != 0 else []), "stopped answering"
+    gone = [
+        p for p in range(cluster.count) if p not in live and not _said(client, _FINISHED_KEY, p)
+    ]
+    failed = [p for p in gone if _said(client, _FAILED_KEY, p)]
+    if failed:
+        return failed, "stopped on an error of its own, in its log"
+    return gone, "stopped answering"
 
 
-def _finished(client, process: int) -> bool:
-    """Whether `process` said it finished (`_finish`) before it left; a missing key raises NOT_FOUND."""
+def _said(client, key: str, process: int) -> bool:
+    """Whether `process` set `key` (`_finish`) before it left; a missing key raises NOT_FOUND."""
     try:
-        return client.key_value_try_get(_FINISHED_KEY.format(process)) is not None
-    except Exception:  # noqa: BLE001 - NOT_FOUND, or the service gone: not finished either way
+        return client.key_value_try_get(key.format(process)) is not None
+    except Exception:  # noqa: BLE001 - NOT_FOUND, or the service gone: not said either way
         return False
+
+
+def succeeded() -> None:
+    """The run reported: at exit this process tells the others it finished (else that it failed)."""
+    if _CLUSTER is not None:
+        _CLUSTER.succeeded = True
 
 
 def _watch(cluster: _Cluster) -> None:
     """The watchdog: once a second, a process lost ends this one with the message."""
     while not cluster.stopped.wait(POLL_SECONDS):
-        lost = _missing(cluster)
+        lost, how = _missing(cluster)
         if lost and not cluster.stopped.is_set():
-            _stop_lost(cluster, lost)
+            _stop_lost(cluster, lost, how)
 
 
 def _stop_lost(cluster: _Cluster, lost: list[int], how: str = "stopped answering") -> None:
@@ -252,9 +273,11 @@ def check_lost(error: BaseException) -> None:
         return
     deadline = time.monotonic() + HEARTBEAT_SECONDS + 3 * POLL_SECONDS
     while time.monotonic() < deadline:
-        lost = _missing(cluster)
+        lost, how = _missing(cluster)
         if lost:
-            _stop_lost(cluster, lost, "closed its connection")
+            _stop_lost(
+                cluster, lost, how if how != "stopped answering" else "closed its connection"
+            )
         time.sleep(POLL_SECONDS)
 
 
@@ -280,7 +303,8 @@ def _finish(cluster: _Cluster) -> None:
         return
     try:
         if cluster.index != 0:
-            client.key_value_set(_FINISHED_KEY.format(cluster.index), "1")
+            key = _FINISHED_KEY if cluster.succeeded else _FAILED_KEY
+            client.key_value_set(key.format(cluster.index), "1")
             jax.distributed.shutdown()
             return
         deadline = time.monotonic() + FINISHED_WAIT_SECONDS
