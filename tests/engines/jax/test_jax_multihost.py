@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import faults
 import numpy as np
 import pytest
 from helpers import JAX_CHILD, REPO, finish_processes, free_ports, model_weights, run_jax
@@ -35,7 +36,7 @@ def _results(log_path):
     return [json.loads(line[len("RESULT ") :]) for line in lines if line.startswith("RESULT ")]
 
 
-def _start_pair(tmp_path, name: str, configs: list) -> tuple[list, list]:
+def _start_pair(tmp_path, name: str, configs: list, envs: tuple = ({}, {})) -> tuple[list, list]:
     """Starts tests/engines/jax/child.py (a config dict) or `python -m tpukit.train` (a list of its arguments) as
     processes 0 and 1 of one JAX cluster (4 virtual devices each, one coordinator on 127.0.0.1); returns the
     `(process, log file)` pairs and the paths of the logs."""
@@ -52,6 +53,7 @@ def _start_pair(tmp_path, name: str, configs: list) -> tuple[list, list]:
             TPUKIT_PROCESS_ID=str(index),
             PYTHONPATH=REPO,
         )
+        env.update(envs[index])
         logs.append(tmp_path / f"{name}{index}.log")
         log = open(logs[-1], "w")
         command = (
@@ -241,3 +243,22 @@ def test_one_process_evaluates_the_checkpoint_two_processes_wrote(pair_run):
     chief = _results(log_paths[0])[0]["metrics"]
     assert evaluated["step"] == 6, evaluated
     np.testing.assert_allclose(evaluated["eval"]["loss"], chief["eval"]["loss"], rtol=0, atol=1e-5)
+
+
+@pytest.mark.cluster
+def test_a_process_that_stops_on_its_own_error_is_named_by_the_other(tmp_path):
+    # Process 1's output directory turns full at its first step (a faked ENOSPC): it stops with the disk message,
+    # and process 0, left alone in a collective, names it instead of printing the collective's traceback.
+    overrides = [*SMALL_LM, "runtime.engine=jax", "runtime.mesh.data=2", "runtime.mesh.model=4"]
+    args = ["textfiles_char_lm", "--output_dir", str(tmp_path / "out")]
+    args += [arg for override in overrides for arg in ("--set", override)]
+    fault = faults.env(oserror="tpukit.rundir:check_leases:ENOSPC", base={"PYTHONPATH": REPO})
+    processes, logs = _start_pair(tmp_path, "failing", [args, args], envs=({}, fault))
+    codes = finish_processes(processes, timeout=240)
+    outputs = [path.read_text() for path in logs]
+    assert codes == [1, 1], [o[-2000:] for o in outputs]
+    assert "No space left on device" in outputs[1], outputs[1][-2000:]
+    assert (
+        "tpukit: lost process 1 of 2 (it stopped on an error of its own, in its log" in outputs[0]
+    ), outputs[0][-3000:]
+    assert "Traceback" not in outputs[0], outputs[0][-3000:]
