@@ -3,7 +3,8 @@
 * `whole` (before): every process gathers every variable whole (`process_allgather`), serializes all of them into
   one in-memory `.npz` and writes it (tpukit's jax checkpoints until issue 39);
 * `orbax` (after): `tpukit.engines.jax.checkpoint.Checkpointer`: each process writes the shards it owns, and
-  training waits only for the copy off the devices (`save`), not for the write (`wait`).
+  training waits only for the copy off the devices (`save`), not for the write (`wait`); a restore reads the slices
+  each process's devices hold.
 
     python benchmarks/checkpoints.py                    # 2 processes x 4 virtual CPU devices, mesh 2x4, ~100M params
     python benchmarks/checkpoints.py --mesh 1x8         # the model axis across both processes
@@ -13,7 +14,8 @@ Each process builds the same model (`--layers` Dense layers of `--width` units; 
 axis), AdamW built (weights + two moments: 3x the parameters in float32), then saves `--rounds` times with each
 method and reports, per process: the seconds training waits, the seconds until the checkpoint is on disk, the peak
 resident memory above its level before the save (sampled every 2 ms from /proc/self/statm) against the bytes of the
-shards it owns, and the bytes it wrote. Nothing here runs on a TPU; results go to benchmarks/results/checkpoints.json.
+shards it owns, and the bytes it wrote; then `--rounds` restores of the newest checkpoint with each method (seconds, peak memory).
+Nothing here runs on a TPU; results go to benchmarks/results/checkpoints.json.
 """
 
 from __future__ import annotations
@@ -147,6 +149,19 @@ def _save_whole(checkpointer, directory: str, process: int) -> float:
     return time.perf_counter() - started
 
 
+def _restore_whole(checkpointer, directory: str, process: int) -> None:
+    """The restore before issue 39: every process reads its whole newest `.npz` and assigns every variable."""
+    import numpy as np
+
+    target = os.path.join(directory, f"whole{process}")
+    newest = max(os.listdir(target))
+    with open(os.path.join(target, newest), "rb") as f:
+        loaded = np.load(f, allow_pickle=False)
+        arrays = [loaded[f"v{i}"] for i in range(len(checkpointer._variables()))]
+    for variable, value in zip(checkpointer._variables(), arrays, strict=True):
+        variable.assign(value)
+
+
 def worker(args) -> dict:
     import jax
     import keras
@@ -184,6 +199,18 @@ def worker(args) -> dict:
                 {"waited_s": waited, "on_disk_s": written, "peak_above_bytes": memory.above}
             )
     checkpointer.close()
+    restores = {"whole": [], "orbax": []}
+    for round_ in range(args.rounds):
+        for method in ("whole", "orbax"):
+            _barrier(jax, f"restore-{method}{round_}")
+            with PeakMemory() as memory:
+                started = time.perf_counter()
+                if method == "whole":
+                    _restore_whole(checkpointer, directory, args.process)
+                else:
+                    checkpointer.restore()
+                seconds = time.perf_counter() - started
+            restores[method].append({"seconds": seconds, "peak_above_bytes": memory.above})
     _barrier(jax, "end")
     return {
         "process": args.process,
@@ -196,6 +223,7 @@ def worker(args) -> dict:
             for m in ("whole", "orbax")
         },
         "rounds": results,
+        "restores": restores,
     }
 
 
@@ -279,6 +307,19 @@ def _report(results: list[dict], args) -> str:
                 f"| {result['process']} | {method} | {_median([r['waited_s'] for r in rounds]):.2f} s | "
                 f"{_median([r['on_disk_s'] for r in rounds]):.2f} s | {peak / gb:.2f} GB | {peak / owned:.2f}x "
                 f"of {owned / gb:.2f} GB | {result['written_bytes'][method] / gb:.3f} GB |"
+            )
+    lines += [
+        "",
+        "| process | method | restore | peak memory above | / owned shards |",
+        "|---|---|---|---|---|",
+    ]
+    for result in results:
+        for method in ("whole", "orbax"):
+            rounds = result["restores"][method]
+            peak = _median([r["peak_above_bytes"] for r in rounds])
+            lines.append(
+                f"| {result['process']} | {method} | {_median([r['seconds'] for r in rounds]):.2f} s | "
+                f"{peak / gb:.2f} GB | {peak / result['owned_bytes']:.2f}x |"
             )
     return "\n".join(lines)
 
