@@ -94,7 +94,7 @@ def _model(width: int, layers: int, mesh_shape: tuple[int, int]):
     devices = keras.distribution.list_devices()
     mesh = keras.distribution.DeviceMesh(mesh_shape, ["data", "model"], devices)
     layout = keras.distribution.LayoutMap(mesh)
-    layout["dense.*kernel"] = (None, "model")
+    layout[".*kernel"] = (None, "model")  # Keras matches the whole path: "sequential/dense/kernel"
     keras.distribution.set_distribution(
         keras.distribution.ModelParallel(layout_map=layout, batch_dim_name="data")
     )

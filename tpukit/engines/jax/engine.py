@@ -214,7 +214,8 @@ def checkpoints(checkpoint_dir: str, checkpoint: str | None) -> CheckpointFacts:
     return CheckpointFacts(
         newest_step=step,
         requested_exists=requested,
-        expected=f"a directory {{path}} named {checkpoint_lib.PREFIX}_<step>",
+        expected=f"a step directory named {checkpoint_lib.PREFIX}_<step>, or a ckpt-<step>.npz of tpukit before "
+        "issue 39",
         example=f"{checkpoint_lib.PREFIX}_1000",
     )
 
