@@ -138,7 +138,8 @@ def test_output_dir_reads_the_resume_step_from_the_engines_own_checkpoints(tmp_p
     """One engine cannot resume the other's checkpoints: each reports only steps of its own format."""
     checkpoints = tmp_path / "lm" / "checkpoints"
     os.makedirs(checkpoints)
-    (checkpoints / "ckpt-30.npz").write_bytes(b"")  # the jax engine's format before issue 39, still resumed
+    # The jax engine's format before issue 39, still resumed.
+    (checkpoints / "ckpt-30.npz").write_bytes(b"")
     (checkpoints / "ckpt-10.index").write_bytes(b"")
     root = str(tmp_path) + "/"
     assert notebook.output_dir(root, "lm", engine="jax") == root + "lm"
