@@ -19,7 +19,7 @@ def build(mesh_shape, units=8):
     keras.backend.clear_session()  # the names of a new process's model (the checkpoint matches by path)
     mesh = keras.distribution.DeviceMesh(mesh_shape, ["data", "model"], keras.distribution.list_devices())
     layout = keras.distribution.LayoutMap(mesh)
-    layout["dense.*kernel"] = (None, "model")
+    layout[".*kernel"] = (None, "model")  # Keras matches the whole path ("sequential/dense/kernel")
     keras.distribution.set_distribution(keras.distribution.ModelParallel(layout_map=layout, batch_dim_name="data"))
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(units), keras.layers.Dense(4)])
     model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse")
@@ -48,6 +48,7 @@ reader = ck.Checkpointer(directory, second, second.optimizer)
 result["step"] = reader.restore()
 result["equal"] = all(np.array_equal(a, b) for a, b in zip(values(first), values(second), strict=True))
 result["mesh"] = dict(second.layers[0].kernel.value.sharding.mesh.shape)
+result["saved_split"] = str(first.layers[0].kernel.value.sharding.spec)
 result["run_state"] = [reader.state.skipped_steps.value, reader.state.early_stopping_best.value]
 
 # A ckpt-N.npz of tpukit before issue 39 (whole values, the paths, the run state as JSON), at a newer step.

@@ -338,6 +338,10 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path):
     assert "ckpt_8 is incomplete or damaged" in output and "could not be read" in output
     assert again["metrics"]["resumed_from_step"] == 4 and again["metrics"]["step"] == 8
     np.testing.assert_allclose(again["losses"], first["losses"][4:], atol=1e-6)
+    # The rerun wrote step 8 afresh: the next run restores it, with nothing damaged left.
+    code, third, output = run_jax(config, devices=2)
+    assert code == 0 and "incomplete or damaged" not in output, output[-3000:]
+    assert third["metrics"]["resumed_from_step"] == 8, third["metrics"]
 
 
 @pytest.mark.integration

@@ -31,6 +31,7 @@ import jax
 import numpy as np
 import tensorflow as tf
 
+from tpukit import rundir
 from tpukit.engines.keras import keras_private
 from tpukit.engines.keras.checkpoint import (
     CheckpointMismatchError,
@@ -217,7 +218,9 @@ def _as_os_errors(directory: str):
                 for c in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES)
                 if os.strerror(c) in text
             ),
-            None,
+            errno.EACCES
+            if "PERMISSION_DENIED" in text
+            else None,  # tensorstore's status for a bucket's 403
         )
         if code is None:
             raise
@@ -251,12 +254,16 @@ def _write_whole(path: str, text: str) -> None:
         with tf.io.gfile.GFile(path, "w") as handle:
             handle.write(text)
         return
-    temporary = f"{path}.tmp-{os.getpid()}"
-    with open(temporary, "w") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
+    temporary = rundir.temporary_name(path)  # this process, thread and host: never another writer's
+    try:
+        with open(temporary, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(temporary)
 
 
 def unshared_processes(directory: str) -> list[int]:
@@ -377,11 +384,16 @@ class Checkpointer:
             writer.wait_until_finished()  # the previous save (its error, if any, is raised here)
         path = os.path.join(self.directory, f"{PREFIX}_{step}")
         if step in writer.all_steps():
-            # The same step again, with its epoch end's run state: the arrays are those saved, so only the run
-            # state is written, whole or not at all, beside them (never a moment without the committed step).
-            _write_whole(os.path.join(path, RUN_STATE), json.dumps(self.state.to_dict()))
-            self.last_saved_step = step
-            return path
+            if step == self.last_saved_step:
+                # The same step again, with its epoch end's run state: the arrays are the ones this process just
+                # saved or restored, so only the run state is written, whole, beside them (process 0 writes it;
+                # never a moment without the committed step).
+                if jax.process_index() == 0:
+                    _write_whole(os.path.join(path, RUN_STATE), json.dumps(self.state.to_dict()))
+                return path
+            writer.delete(
+                step
+            )  # a step this run did not restore (damaged, skipped): written afresh
         variables = self._variables()
         run = {
             "run_state": self.state.to_dict(),

@@ -6,8 +6,8 @@ heartbeat, logging who it waits for and stopping on SIGTERM/Ctrl-C. `_watch`, a 
 coordination service once a second which processes are alive; one gone without saying it finished ends this
 process through `stop`: the message (which process, the newest checkpoint, restart every process), then
 `os._exit(1)` past JAX's shutdown barrier, which would wait for the lost process. `check_lost` turns a collective's
-error during `fit` into the same message. At exit (`_finish`) the other processes say they finished and disconnect
-before process 0's service goes.
+error during `fit` into the same message. At exit (`_finish`) every process says whether it finished or failed,
+and process 0's service stays until the others have disconnected.
 
 What JAX 0.10.2 does without this, and what stays out of reach (the coordinator's loss still aborts the others in
 C++), is in docs/engines.md, "A lost process (jax engine)".
@@ -42,7 +42,13 @@ JOIN_LOG_SECONDS = 30.0
 POLL_SECONDS = 1.0
 FINISHED_WAIT_SECONDS = 30.0  # how long process 0 waits at exit for the others to disconnect
 _FINISHED_KEY = "tpukit/finished/{}"
-_FAILED_KEY = "tpukit/failed/{}"  # a process that ends on its own error says so: "stopped with an error", not lost
+_FAILED_KEY = (
+    "tpukit/failed/{}"  # a process that ends on its own error says so: named as such, not "lost"
+)
+FAILED_HOW = "stopped on an error of its own, in its log"
+FAILED_GRACE_SECONDS = (
+    10.0  # the others' wait before they stop for a failed process (it may be theirs too)
+)
 
 
 @dataclasses.dataclass
@@ -218,12 +224,12 @@ def _missing(cluster: _Cluster) -> tuple[list[int], str]:
         live = client.get_live_nodes(list(range(cluster.count)))
     except Exception:  # noqa: BLE001 - the coordination service is gone: process 0 with it
         return ([0] if cluster.index != 0 else []), "stopped answering"
-    gone = [
-        p for p in range(cluster.count) if p not in live and not _said(client, _FINISHED_KEY, p)
-    ]
-    failed = [p for p in gone if _said(client, _FAILED_KEY, p)]
+    others = [p for p in range(cluster.count) if p != cluster.index]
+    # A failed process 0 keeps its service up while the others leave (`_finish`): failed, though still live.
+    failed = [p for p in others if _said(client, _FAILED_KEY, p)]
     if failed:
-        return failed, "stopped on an error of its own, in its log"
+        return failed, FAILED_HOW
+    gone = [p for p in others if p not in live and not _said(client, _FINISHED_KEY, p)]
     return gone, "stopped answering"
 
 
@@ -242,9 +248,16 @@ def succeeded() -> None:
 
 
 def _watch(cluster: _Cluster) -> None:
-    """The watchdog: once a second, a process lost ends this one with the message."""
+    """The watchdog: once a second, a process lost ends this one with the message. A process that stopped on its
+    own error is given `FAILED_GRACE_SECONDS` first: the same error (a recipe, a full shared disk) usually stops this
+    process too, with its own message, and `_finish` then stands the watchdog down."""
+    failed_since = None
     while not cluster.stopped.wait(POLL_SECONDS):
         lost, how = _missing(cluster)
+        if how == FAILED_HOW and lost:
+            failed_since = failed_since or time.monotonic()
+            if time.monotonic() - failed_since < FAILED_GRACE_SECONDS:
+                continue
         if lost and not cluster.stopped.is_set():
             _stop_lost(cluster, lost, how)
 
@@ -302,9 +315,9 @@ def _finish(cluster: _Cluster) -> None:
     if client is None:
         return
     try:
+        key = _FINISHED_KEY if cluster.succeeded else _FAILED_KEY
+        client.key_value_set(key.format(cluster.index), "1")
         if cluster.index != 0:
-            key = _FINISHED_KEY if cluster.succeeded else _FAILED_KEY
-            client.key_value_set(key.format(cluster.index), "1")
             jax.distributed.shutdown()
             return
         deadline = time.monotonic() + FINISHED_WAIT_SECONDS
