@@ -313,6 +313,10 @@ def _ready(checkpointer, total: int) -> bool:
         return False
     if checkpointer.step < total and checkpointer.manager.latest_checkpoint is None:
         checkpointer.save()
+        # Committed before the input pipeline is built: the write of an asynchronous checkpointer (the jax engine's)
+        # then never overlaps building the datasets, which TFDS's `testing.mock_data` does with the file system
+        # patched for every thread (a rollback before the next save has this step either way).
+        checkpointer.wait()
     return True
 
 
