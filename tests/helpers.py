@@ -1,10 +1,13 @@
 """Shared test helpers: running the CLI in a subprocess and building small recipes."""
 
+import contextlib
 import json
 import os
 import socket
 import subprocess
 import sys
+
+import pytest
 
 REPO = os.path.dirname(
     os.path.dirname(os.path.abspath(__file__))
@@ -238,3 +241,38 @@ def loss_recorder():
             self.losses.append(float(logs["loss"]))
 
     return LossRecorder()
+
+
+def jax_cluster_env(port: int, index: int) -> dict:
+    """The environment of process `index` of a 2-process JAX cluster on 127.0.0.1:`port`, 4 virtual CPU devices
+    each (the jax engine's multi-process tests)."""
+    return dict(
+        os.environ,
+        XLA_FLAGS="--xla_force_host_platform_device_count=4",
+        KERAS_BACKEND="jax",
+        TF_CPP_MIN_LOG_LEVEL="2",
+        TPUKIT_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+        TPUKIT_NUM_PROCESSES="2",
+        TPUKIT_PROCESS_ID=str(index),
+        PYTHONPATH=REPO,
+    )
+
+
+@contextlib.contextmanager
+def mounted_tmpfs(mount, size: str):
+    """A tmpfs of `size` ("12m") mounted at the new directory `mount` (root only: the test skips, saying why, where
+    mounting is refused), unmounted after."""
+    mount.mkdir()
+    result = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)],
+        capture_output=True,
+        text=True,
+    )
+    if result.returncode:
+        pytest.skip(
+            f"cannot mount a tmpfs here ({result.stderr.strip()}): the fault cannot be made"
+        )
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)

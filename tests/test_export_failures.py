@@ -13,7 +13,7 @@ import faults
 import keras
 import pytest
 import tensorflow as tf
-from helpers import run_cli
+from helpers import mounted_tmpfs, run_cli
 
 from tpukit import rundir
 from tpukit.engines import OutputDirError
@@ -293,19 +293,8 @@ def test_tensorflow_a_quota_at_the_saved_model_fails(tmp_path):
 @pytest.fixture
 def small_disk(tmp_path):
     """A tmpfs mounted for the test (root only; where mounting is refused the test skips and says why)."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    result = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount)],
-        capture_output=True,
-        text=True,
-    )
-    if result.returncode:
-        pytest.skip(
-            f"cannot mount a tmpfs here ({result.stderr.strip()}): the fault cannot be made"
-        )
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], check=False)
+    with mounted_tmpfs(tmp_path / "disk", "64m") as mount:
+        yield mount
 
 
 def _resize(mount, size: int) -> None:

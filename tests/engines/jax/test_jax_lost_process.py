@@ -3,14 +3,13 @@ process that never joins is named while the other waits, and SIGTERM ends that w
 process killed mid-training (the survivor's message, then a rerun) is in test_jax_multihost.py."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
 
 import pytest
-from helpers import JAX_CHILD, REPO, free_ports
+from helpers import JAX_CHILD, REPO, free_ports, jax_cluster_env
 
 from tpukit.engines.jax import peers
 
@@ -29,16 +28,7 @@ SMALL_LM = [
 
 def _start(tmp_path, port: int, index: int, config: dict, name: str):
     """tests/engines/jax/child.py as process `index` of 2 (4 virtual devices); returns (process, log path)."""
-    env = dict(
-        os.environ,
-        XLA_FLAGS="--xla_force_host_platform_device_count=4",
-        KERAS_BACKEND="jax",
-        TF_CPP_MIN_LOG_LEVEL="2",
-        TPUKIT_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
-        TPUKIT_NUM_PROCESSES="2",
-        TPUKIT_PROCESS_ID=str(index),
-        PYTHONPATH=REPO,
-    )
+    env = jax_cluster_env(port, index)
     path = tmp_path / f"{name}{index}.log"
     with open(path, "w") as log:
         command = [sys.executable, JAX_CHILD, json.dumps(config)]

@@ -12,7 +12,15 @@ import time
 import faults
 import numpy as np
 import pytest
-from helpers import JAX_CHILD, REPO, finish_processes, free_ports, model_weights, run_jax
+from helpers import (
+    JAX_CHILD,
+    REPO,
+    finish_processes,
+    free_ports,
+    jax_cluster_env,
+    model_weights,
+    run_jax,
+)
 
 from tpukit.engines.jax import peers
 
@@ -43,16 +51,7 @@ def _start_pair(tmp_path, name: str, configs: list, envs: tuple = ({}, {})) -> t
     (port,) = free_ports(1)
     processes, logs = [], []
     for index, config in enumerate(configs):
-        env = dict(
-            os.environ,
-            XLA_FLAGS="--xla_force_host_platform_device_count=4",
-            KERAS_BACKEND="jax",
-            TF_CPP_MIN_LOG_LEVEL="2",
-            TPUKIT_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
-            TPUKIT_NUM_PROCESSES="2",
-            TPUKIT_PROCESS_ID=str(index),
-            PYTHONPATH=REPO,
-        )
+        env = jax_cluster_env(port, index)
         env.update(envs[index])
         logs.append(tmp_path / f"{name}{index}.log")
         log = open(logs[-1], "w")

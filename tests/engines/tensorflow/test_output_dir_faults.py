@@ -9,7 +9,7 @@ import subprocess
 import faults
 import pytest
 import tensorflow as tf
-from helpers import run_cli
+from helpers import mounted_tmpfs, run_cli
 
 # Mounts a small tmpfs (root only; where mounting is refused the fixture skips and says why).
 pytestmark = pytest.mark.root
@@ -17,19 +17,8 @@ pytestmark = pytest.mark.root
 
 @pytest.fixture
 def small_disk(tmp_path):
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    result = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=12m", "tmpfs", str(mount)],
-        capture_output=True,
-        text=True,
-    )
-    if result.returncode:
-        pytest.skip(
-            f"cannot mount a tmpfs here ({result.stderr.strip()}): the fault cannot be made"
-        )
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], check=False)
+    with mounted_tmpfs(tmp_path / "disk", "12m") as mount:
+        yield mount
 
 
 def _loadable(checkpoint_dir):
