@@ -56,3 +56,69 @@ def test_orbax_error_logs_with_a_traceback_are_dropped_and_others_kept():
     assert keep(_record(orbax, logging.WARNING, None))  # Orbax's warnings stay
     assert keep(_record(orbax, logging.ERROR, None))  # an error without a traceback stays
     assert keep(_record(f"{os.sep}tensorflow{os.sep}x.py", logging.ERROR, info))  # not Orbax's
+
+
+def _raised_in(filename: str, error: BaseException):
+    """`error` with a traceback whose innermost frame runs code compiled as `filename`."""
+    namespace: dict = {}
+    exec(compile("def fail(error):\n    raise error\n", filename, "exec"), namespace)
+    try:
+        namespace["fail"](error)
+    except BaseException as raised:  # noqa: BLE001 - returned for the test
+        return raised
+
+
+def test_an_asyncio_error_log_through_orbax_code_is_dropped():
+    # asyncio's "Task exception was never retrieved" for the other writes of a failed save: logged by asyncio's
+    # base_events.py, the traceback through Orbax's serialization.
+    keep = checkpoint._OrbaxErrorsRaised().filter
+    error = _raised_in(
+        f"{os.sep}site-packages{os.sep}orbax{os.sep}serialization.py", ValueError("x")
+    )
+    info = (ValueError, error, error.__traceback__)
+    assert not keep(_record(f"{os.sep}asyncio{os.sep}base_events.py", logging.ERROR, info))
+    other = _raised_in(f"{os.sep}site-packages{os.sep}aiohttp{os.sep}client.py", ValueError("y"))
+    assert keep(
+        _record(
+            f"{os.sep}asyncio{os.sep}base_events.py",
+            logging.ERROR,
+            (ValueError, other, other.__traceback__),
+        )
+    )
+
+
+def test_late_callbacks_into_a_closed_event_loop_are_dropped_and_other_unraisables_kept():
+    seen = []
+    hook = checkpoint._LateWriteCallbacks(seen.append)
+
+    def unraisable(error, obj=None):
+        return type(
+            "U", (), {"exc_value": error, "exc_traceback": error.__traceback__, "object": obj}
+        )()
+
+    late = _raised_in(
+        f"{os.sep}asyncio{os.sep}base_events.py", RuntimeError("Event loop is closed")
+    )
+    hook(unraisable(late))
+    assert (
+        seen == []
+    )  # tensorstore's write completing after Orbax's loop ended with the save's error
+    elsewhere = _raised_in(f"{os.sep}mine{os.sep}code.py", RuntimeError("Event loop is closed"))
+    other = _raised_in(f"{os.sep}asyncio{os.sep}base_events.py", RuntimeError("something else"))
+    owned = _raised_in(
+        f"{os.sep}asyncio{os.sep}base_events.py", RuntimeError("Event loop is closed")
+    )
+    for kept in (unraisable(elsewhere), unraisable(other), unraisable(owned, obj=object())):
+        hook(kept)
+    assert len(seen) == 3
+
+
+def test_the_unraisable_hook_is_installed_once_and_chains(monkeypatch):
+    previous = []
+    monkeypatch.setattr("sys.unraisablehook", previous.append)
+    checkpoint._quiet_orbax_errors()
+    checkpoint._quiet_orbax_errors()
+    import sys
+
+    assert isinstance(sys.unraisablehook, checkpoint._LateWriteCallbacks)
+    assert sys.unraisablehook.previous == previous.append

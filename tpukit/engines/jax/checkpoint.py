@@ -24,6 +24,7 @@ import logging
 import math
 import os
 import re
+import sys
 import time
 import zipfile
 
@@ -230,21 +231,61 @@ def _as_os_errors(directory: str):
 
 
 class _OrbaxErrorsRaised(logging.Filter):
-    """Drops Orbax's error records that carry a traceback (each failing background thread logs one): the same
-    error is raised to tpukit at `wait` or the next save, which reports it once, as the fault it is."""
+    """Drops Orbax's error records that carry a traceback (each failing background thread logs one, and asyncio
+    logs "Task exception was never retrieved" for each of a failed save's other writes): the same error is raised
+    to tpukit at `wait` or the next save, which reports it once, as the fault it is."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (
-            record.levelno >= logging.ERROR
-            and record.exc_info
-            and f"{os.sep}orbax{os.sep}" in (record.pathname or "")
-        )
+        if record.levelno < logging.ERROR or not record.exc_info:
+            return True
+        if f"{os.sep}orbax{os.sep}" in (record.pathname or ""):
+            return False
+        trace = record.exc_info[2]
+        while trace is not None:
+            if f"{os.sep}orbax{os.sep}" in trace.tb_frame.f_code.co_filename:
+                return False
+            trace = trace.tb_next
+        return True
 
 
 def _quiet_orbax_errors() -> None:
-    absl = logging.getLogger("absl")  # Orbax logs through absl.logging
-    if not any(isinstance(f, _OrbaxErrorsRaised) for f in absl.filters):
-        absl.addFilter(_OrbaxErrorsRaised())
+    for name in (
+        "absl",
+        "asyncio",
+    ):  # Orbax logs through absl.logging; asyncio its tasks' unretrieved errors
+        log = logging.getLogger(name)
+        if not any(isinstance(f, _OrbaxErrorsRaised) for f in log.filters):
+            log.addFilter(_OrbaxErrorsRaised())
+    if not isinstance(sys.unraisablehook, _LateWriteCallbacks):
+        sys.unraisablehook = _LateWriteCallbacks(sys.unraisablehook)
+
+
+class _LateWriteCallbacks:
+    """`sys.unraisablehook` that drops tensorstore's late callbacks of a failed save: when one write of a save
+    fails (a full disk), Orbax's event loop ends with the error while the save's other tensorstore writes are still
+    under way; each of them then completes into the closed loop (`call_soon_threadsafe`: `RuntimeError: Event loop
+    is closed`), which tensorstore reports as an unraisable exception, a traceback each. The failure itself is
+    raised to tpukit at `wait` or the next save; every other unraisable exception reaches the previous hook."""
+
+    def __init__(self, previous):
+        self.previous = previous
+
+    def __call__(self, unraisable) -> None:
+        error, trace = unraisable.exc_value, unraisable.exc_traceback
+        while trace is not None and trace.tb_next is not None:
+            trace = trace.tb_next
+        if (
+            isinstance(error, RuntimeError)
+            and str(error) == "Event loop is closed"
+            and unraisable.object is None
+            and trace is not None
+            and os.path.basename(trace.tb_frame.f_code.co_filename) == "base_events.py"
+        ):
+            logger.debug(
+                "tpukit: a write of a failed checkpoint save ended after Orbax's event loop"
+            )
+            return
+        self.previous(unraisable)
 
 
 def _write_whole(path: str, text: str) -> None:
