@@ -54,6 +54,7 @@ class RunSettings:
     profile_steps: tuple[int, ...] | None
     verbose: int | str
     loop: str
+    combine_repeated_ids: bool  # the tensorflow engine: sum repeated ids' sparse gradients (engines/tensorflow/sparse.py)
     jit_compile: bool | str  # as the recipe says (`Plan.jit_compile` is the decision)
     steps_per_execution: int | str  # as the recipe says (`Plan.steps_per_execution`: the decision)
     steps_per_execution_target_seconds: float | None
@@ -85,6 +86,7 @@ def run_settings(recipe: Recipe) -> RunSettings:
         profile_steps=runtime.profile_steps,
         verbose=runtime.verbose,
         loop=runtime.loop,
+        combine_repeated_ids=train.combine_repeated_ids,
         jit_compile=runtime.jit_compile,
         steps_per_execution=runtime.steps_per_execution,
         steps_per_execution_target_seconds=runtime.steps_per_execution_target_seconds,

@@ -155,6 +155,10 @@ class TrainConfig:
     global_clipnorm: float | None = (
         None  # clip the gradients' global norm to this; null: no clipping
     )
+    # The tensorflow engine sums the gradient slices of an embedding row looked up several times in a batch before
+    # the optimizer (one update per row, as the optimizer's definition and the jax engine say). false: Keras-TF's
+    # own per-lookup updates (tensorflow/tensorflow#28090), to reproduce a plain Keras-TF run exactly.
+    combine_repeated_ids: bool = True
     # Also score the trivial baseline on the eval split (metrics.json "baseline"): a regression output predicting
     # the training labels' mean, a classifier its most frequent training class. One extra pass over the labels.
     baseline: bool = False

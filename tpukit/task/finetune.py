@@ -8,8 +8,11 @@
 3. init_weights (a new run only; a resume restores its checkpoint): `model.load_weights`, matched by structure.
    A head at the model's output end that does not fit the file keeps its initialization, with a warning (a new
    number of classes); a mismatch anywhere else is an error;
-4. LoRA: `layer.enable_lora(rank)` on every trainable Dense and EinsumDense. It comes after loading because
-   `Dense.load_own_variables` zeroes both LoRA matrices (keras/src/layers/core/dense.py, Keras 3.15)."""
+4. LoRA: on a KerasHub backbone (the model, a task's `.backbone`, or one inside a model), the backbone's own
+   `enable_lora(rank)`: its `default_lora_layer_names()` (query and value) adapted, the rest of the backbone frozen,
+   as KerasHub's fine-tuning guides do; elsewhere `layer.enable_lora(rank)` on every trainable Dense and
+   EinsumDense. It comes after loading because `Dense.load_own_variables` zeroes both LoRA matrices
+   (keras/src/layers/core/dense.py, Keras 3.15)."""
 
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ import glob
 import logging
 import os
 import re
+import sys
 import zipfile
 
 import keras
@@ -49,7 +53,8 @@ def prepare(model, config, resuming: bool, path: str = "<dict>"):
 
     Raises:
         RecipeError: the weights cannot be found or read or do not fit the model, a freeze pattern matches
-            nothing, LoRA finds no layer to adapt, or nothing is left to train.
+            nothing, LoRA finds no layer to adapt (or, on a KerasHub backbone, one it would adapt is frozen or
+            adapted already), or nothing is left to train.
     """
     init_weights = getattr(config, "init_weights", None)
     patterns = tuple(getattr(config, "freeze", None) or ())
@@ -67,7 +72,11 @@ def prepare(model, config, resuming: bool, path: str = "<dict>"):
         model._flatten_layers(include_self=False)
     )  # every sublayer, as keras-hub's enable_lora walks
     frozen = _freeze(model, layers, patterns, path) if patterns else []
-    targets = _lora_targets(layers, patterns, rank, path) if rank else []
+    backbones = _keras_hub_backbones(model, layers) if rank else []
+    if backbones:
+        targets = _backbone_lora_targets(backbones, patterns, rank, path)
+    else:
+        targets = _lora_targets(layers, patterns, rank, path) if rank else []
     if not model.trainable_weights and not targets:
         raise RecipeError(
             f"{path}: model.freeze={list(patterns)} freezes every layer of the model: nothing is left to train. "
@@ -90,20 +99,42 @@ def prepare(model, config, resuming: bool, path: str = "<dict>"):
             f"{kept:,}",
         )
     if targets:
-        before = sum(_size(w) for w in model.trainable_weights)
+        _enable_lora(model, backbones, targets, rank)
+    return model
+
+
+def _enable_lora(model, backbones: list, targets: list, rank: int) -> None:
+    """LoRA on `targets`: through each KerasHub backbone's own `enable_lora` where there are `backbones` (so the
+    result is KerasHub's exactly, `save_lora_weights` included), else layer by layer; logs what it adapted."""
+    before = sum(_size(w) for w in model.trainable_weights)
+    for backbone in backbones:
+        backbone.enable_lora(rank)
+    adapted = targets
+    if backbones:
+        # Read back: the log states what KerasHub adapted, even where a release picks other layers than it names.
+        layers = model._flatten_layers(include_self=False)
+        adapted = [layer for layer in layers if getattr(layer, "lora_enabled", False)]
+    else:
         for layer in targets:
             layer.enable_lora(rank)
-        added = sum(_size(w) for w in model.trainable_weights) - before
-        logger.info(
-            "tpukit: model.lora_rank=%d: LoRA on %d layer(s) (%s), their kernels frozen; %s trainable parameters "
-            "now (%+d)",
-            rank,
-            len(targets),
-            ", ".join(layer.name for layer in targets),
-            f"{sum(_size(w) for w in model.trainable_weights):,}",
-            added,
-        )
-    return model
+    after = sum(_size(w) for w in model.trainable_weights)
+    how = (
+        "KerasHub's "
+        + ", ".join(f"{type(b).__name__}.enable_lora({rank})" for b in backbones)
+        + " (the rest of the backbone frozen)"
+        if backbones
+        else "their kernels frozen"
+    )
+    logger.info(
+        "tpukit: model.lora_rank=%d: LoRA on %d layer(s) (%s), %s; %s trainable parameters now (%+d)",
+        rank,
+        len(adapted),
+        # paths where KerasHub repeats names (every block's `query`), names as before elsewhere
+        ", ".join(_layer_path(layer) if backbones else layer.name for layer in adapted),
+        how,
+        f"{after:,}",
+        after - before,
+    )
 
 
 def _first_key(init_weights, patterns, rank) -> str:
@@ -354,5 +385,70 @@ def _lora_targets(layers: list, patterns: tuple, rank: int, path: str) -> list:
             raise RecipeError(
                 f"{path}: model.lora_rank={rank}: layer {layer.name!r} has a kernel_constraint, which Keras' LoRA "
                 f"does not support. Fix: add '^{layer.name}$' to model.freeze, or remove the constraint."
+            )
+    return targets
+
+
+def _layer_path(layer) -> str:
+    return getattr(layer, "path", None) or layer.name
+
+
+def _keras_hub_backbones(model, layers: list) -> list:
+    """The outermost KerasHub `Backbone`s in `model` (the model itself, a task's `.backbone`, or one inside a user's
+    model); [] when KerasHub is not imported (then no model can hold one)."""
+    keras_hub = sys.modules.get("keras_hub")
+    if keras_hub is None:
+        return []
+    backbone_class = keras_hub.models.Backbone
+    if isinstance(model, backbone_class):
+        return [model]
+    found = [layer for layer in layers if isinstance(layer, backbone_class)]
+    inner = {
+        id(sub) for layer in found for sub in layer._flatten_layers(include_self=False)
+    }  # a backbone inside another is adapted by the outer one's enable_lora
+    return [layer for layer in found if id(layer) not in inner]
+
+
+def _backbone_lora_targets(backbones: list, patterns: tuple, rank: int, path: str) -> list:
+    """The layers each backbone's `enable_lora(rank)` adapts (Keras-Hub 0.32 `Backbone.enable_lora`: every sublayer
+    with weights named in `default_lora_layer_names()` that has `enable_lora`), checked before anything changes."""
+    targets = []
+    for backbone in backbones:
+        names = set(backbone.default_lora_layer_names())
+        mine = [
+            layer
+            for layer in backbone._flatten_layers(include_self=False)
+            if layer.weights and layer.name in names and hasattr(layer, "enable_lora")
+        ]
+        if not mine:
+            raise RecipeError(
+                f"{path}: model.lora_rank={rank}, but KerasHub's {type(backbone).__name__} has no layer named "
+                f"{sorted(names)} (its default_lora_layer_names()) to adapt. Fix: set model.lora_rank: null and "
+                "call backbone.enable_lora(rank, target_layer_names=[...]) in the builder."
+            )
+        targets += mine
+    shown = ", ".join(_layer_path(layer) for layer in targets[:6])
+    if any(layer.lora_enabled for layer in targets):
+        raise RecipeError(
+            f"{path}: model.lora_rank={rank}, but LoRA is already enabled on the backbone ({shown}): the builder "
+            "called enable_lora. Fix: set model.lora_rank: null, or remove enable_lora from the builder."
+        )
+    frozen = [
+        layer
+        for layer in targets
+        if not (layer.trainable and all(weight.trainable for weight in layer.weights))
+    ]
+    if frozen:
+        raise RecipeError(
+            f"{path}: model.lora_rank={rank}: model.freeze={list(patterns)} freezes "
+            f"{', '.join(_layer_path(layer) for layer in frozen[:6])}, which KerasHub's enable_lora adapts (it "
+            "freezes the rest of the backbone itself). Fix: leave the backbone's query/value layers out of "
+            "model.freeze (patterns outside the backbone, such as a head, still apply)."
+        )
+    for layer in targets:
+        if getattr(layer, "kernel_constraint", None) is not None:
+            raise RecipeError(
+                f"{path}: model.lora_rank={rank}: layer {_layer_path(layer)!r} has a kernel_constraint, which "
+                "Keras' LoRA does not support. Fix: set model.lora_rank: null, or remove the constraint."
             )
     return targets

@@ -18,6 +18,7 @@ import logging
 import os
 import re
 import tempfile
+import threading
 from collections.abc import Callable
 
 import keras
@@ -323,10 +324,12 @@ def build(the_plan: Plan) -> Session:
     )
     # Keras' TensorFlow optimizers apply a repeated embedding id's gradient once per occurrence
     # (tensorflow/tensorflow#28090): one summed gradient per row, as the optimizer's definition (and JAX) says;
-    # dense where the step is compiled with XLA (see sparse.py).
-    sparse.combine_repeated_ids(
-        model.optimizer, dense=the_plan.jit_compile is True or the_plan.strategy_kind == "tpu"
-    )
+    # dense where the step is compiled with XLA (see sparse.py). train.combine_repeated_ids: false keeps Keras'.
+    if the_plan.settings.combine_repeated_ids:
+        sparse.combine_repeated_ids(
+            model.optimizer, dense=the_plan.jit_compile is True or the_plan.strategy_kind == "tpu"
+        )
+        sparse.watch_sparse_gradients(model.optimizer, _repeated_ids_line())
     the_plan, decision = decide_steps_per_execution(the_plan, model, flops_per_example, peak_flops)
     # Keras 3.15's own train function fails with steps_per_execution > 1 on 2+ Mirrored replicas
     # (keras-team/keras#19246) and on every MultiWorkerMirroredStrategy; see loop.py.
@@ -351,6 +354,30 @@ def build(the_plan: Plan) -> Session:
         decision,
         _remeasure_peak(the_plan),
     )
+
+
+def _repeated_ids_line() -> Callable[[list[str]], None]:
+    """`sparse.combine_repeated_ids`' `on_sparse`: the plan line, once, saying that this model trains differently
+    from plain Keras-TF (where a row is looked up twice in a batch), why, and how to turn it off. Called when the
+    train step is traced: only then are the sparse gradients known (an Embedding tied to an output matmul has a
+    dense one, and no difference)."""
+    said = threading.Lock()
+
+    def announce(paths: list[str]) -> None:
+        if not said.acquire(blocking=False):
+            return  # said already (another replica, the inner optimizer, a retrace)
+        shown = ", ".join(paths[:4]) + (f" and {len(paths) - 4} more" if len(paths) > 4 else "")
+        logger.info(
+            "tpukit plan: repeated ids summed before the optimizer for %d variable(s) with sparse gradients (%s): "
+            "one update per row per step, as the optimizer's definition and the jax engine say, where plain "
+            "Keras-TF updates a row once per lookup in the batch (tensorflow/tensorflow#28090), so this model "
+            "trains differently from plain Keras-TF fit. To reproduce plain Keras-TF: --set "
+            "train.combine_repeated_ids=false (tpukit.fit(combine_repeated_ids=False))",
+            len(paths),
+            shown,
+        )
+
+    return announce
 
 
 def _remeasure_peak(the_plan: Plan) -> Callable[[float], tuple[float | None, str]] | None:

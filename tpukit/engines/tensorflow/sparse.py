@@ -8,7 +8,12 @@ gradient reaches the optimizer: `optimizer.apply` (per replica) and `optimizer.u
 which concatenates the replicas' slices). Both are public methods wrapped on the instance: no subclass, so
 `get_config`, `model.keras` and checkpoints are unchanged. Under XLA (`dense=True`) the sum becomes a dense
 gradient instead: `tf.unique` compiles there only with a bounded dynamic size, and its padded slices slow the
-update (docs/performance.md). Read from Keras 3.15.1 (`keras/src/optimizers/adam.py`)."""
+update (docs/performance.md). Read from Keras 3.15.1 (`keras/src/optimizers/adam.py`).
+
+Which variables get sparse gradients is known only where the gradients are: `watch_sparse_gradients` calls back,
+when the train step is traced, with the paths of the variables whose gradient is a `tf.IndexedSlices` (an
+`Embedding` not tied to an output matmul, a `tf.gather`/`ops.take` of a variable), so that the engine can say the
+model trains differently from plain Keras-TF exactly when it does."""
 
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ import tensorflow as tf
 
 # Marks a method this module wrapped, so that a second call wraps nothing.
 _COMBINED = "_tpukit_combines_repeated_ids"
+_WATCHED = "_tpukit_watches_sparse_gradients"
 
 
 def combined_slices(gradient, dense: bool = False):
@@ -75,4 +81,35 @@ def combine_repeated_ids(optimizer, dense: bool = False):
         _wrap(
             each, "update_step", lambda g: combined_slices(g, dense)
         )  # one variable's, after the all-reduce
+    return optimizer
+
+
+def sparse_variables(grads, variables=None) -> list[str]:
+    """The paths of the variables whose gradient in `grads` (`optimizer.apply`'s arguments) is a
+    `tf.IndexedSlices`; positions (`#3`) where the variables were not passed."""
+    variables = list(variables) if variables is not None else [None] * len(grads)
+    return [
+        getattr(variable, "path", None) or f"#{index}"
+        for index, (gradient, variable) in enumerate(zip(grads, variables, strict=False))
+        if isinstance(gradient, tf.IndexedSlices)
+    ]
+
+
+def watch_sparse_gradients(optimizer, on_sparse):
+    """Wraps `optimizer.apply` (the outermost optimizer's: it sees the model's gradients first) so that it calls
+    `on_sparse(paths)` with `sparse_variables` of its arguments whenever any gradient is sparse: once per trace of
+    the train step (per replica on several), and on every eager step. Idempotent; returns `optimizer`."""
+    original = optimizer.apply
+    if getattr(original, _WATCHED, False):
+        return optimizer
+
+    @functools.wraps(original)
+    def watched(grads, *args, **kwargs):
+        paths = sparse_variables(grads, args[0] if args else kwargs.get("trainable_variables"))
+        if paths:
+            on_sparse(paths)
+        return original(grads, *args, **kwargs)
+
+    setattr(watched, _WATCHED, True)
+    optimizer.apply = watched
     return optimizer
