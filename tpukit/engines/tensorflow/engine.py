@@ -401,8 +401,9 @@ def evaluate(session: Session, outcome) -> dict[str, float]:
 
 
 def export(session: Session, outcome) -> dict[str, str]:
-    """`model.keras` and the SavedModel `serve` endpoint (see `tpukit.engines.keras.export`); {} in eval mode
-    or when stopped by a signal."""
+    """`model.keras` (`model.weights.h5` for a model without a config) and the SavedModel `serve` endpoint (see
+    `tpukit.engines.keras.export`); {} in eval mode or when stopped by a signal. An output that fails is recorded
+    on the session (`session.exporting`): the run fails once its metrics are written."""
 
     if not session.plan.training or outcome.status in trainer.STOPPED.values():
         return {}
@@ -410,18 +411,24 @@ def export(session: Session, outcome) -> dict[str, str]:
         # Every worker takes part (SavedModel saving may read distributed variables collectively, as in TF's
         # multi-worker guide); only the chief keeps the files.
         with tempfile.TemporaryDirectory(prefix="tpukit-export-") as scratch:
-            export_model(
-                session.model,
-                scratch,
-                io_device=session.plan.io_device,
-                features=session_lib.features(session),
+            session_lib.exporting(
+                session,
+                lambda: export_model(
+                    session.model,
+                    scratch,
+                    io_device=session.plan.io_device,
+                    features=session_lib.features(session),
+                ),
             )
         return {}
-    return export_model(
-        session.model,
-        session.plan.output_dir,
-        io_device=session.plan.io_device,
-        features=session_lib.features(session),
+    return session_lib.exporting(
+        session,
+        lambda: export_model(
+            session.model,
+            session.plan.output_dir,
+            io_device=session.plan.io_device,
+            features=session_lib.features(session),
+        ),
     )
 
 
