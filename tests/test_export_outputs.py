@@ -335,3 +335,25 @@ def test_jax_a_model_without_get_config_ends_with_its_weights_and_metrics(tmp_pa
     ids, _ = ids_and_scores(4)
     again(ids)
     again.load_weights(metrics["exported"]["weights"])
+
+
+def test_the_runs_export_tries_each_output_and_names_those_missing(tmp_path, monkeypatch):
+    inputs = keras.Input((3,), name="x")
+    model = keras.Model(inputs, keras.layers.Dense(2)(inputs))
+
+    def full(*args, **kwargs):
+        raise OSError(28, os.strerror(28), "somewhere")
+
+    monkeypatch.setattr(export, "_save_keras_file", full)
+    with pytest.raises(export.OutputsMissing) as raised:
+        export.export_outputs(model, str(tmp_path))
+    assert list(raised.value.missing) == ["keras"]
+    assert "model.keras could not be written" in str(raised.value.missing["keras"])
+    assert raised.value.exported == {
+        "saved_model": str(tmp_path / "saved_model")
+    }  # written all the same
+    assert sorted(os.listdir(tmp_path)) == ["saved_model"]  # no temporary left
+    with pytest.raises(
+        export.ExportWriteError
+    ):  # the public function: its first failure, as before
+        export.export_model(model, str(tmp_path / "again"))

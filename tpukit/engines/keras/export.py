@@ -290,7 +290,7 @@ def export_model(
     model, output_dir: str, *, io_device: str | None = None, features=None
 ) -> dict[str, str]:
     """Writes `output_dir/model.keras` (`model.weights.h5` for a model without a config) and the SavedModel
-    `output_dir/saved_model/`; returns their paths. Each output is tried, whatever became of the other.
+    `output_dir/saved_model/`; returns their paths. Stops at the first failure (`export_outputs` tries each).
 
     Args:
         model: a functional `keras.Model` (trained; any dtype policy; built under any strategy). Its
@@ -306,14 +306,38 @@ def export_model(
         {"keras": path of model.keras (or "weights": path of model.weights.h5), "saved_model": its directory}.
 
     Raises:
-        OutputsMissing: an output could not be written (its error: an ExportWriteError for an output that takes
-            no writes; a ValueError for a model with no symbolic inputs and no `features`); the others were.
+        ValueError: the model has no symbolic inputs (a subclassed model never called on a `keras.Input`).
+        ExportWriteError: an output takes no writes (a full disk, a read-only or quota-exceeded directory).
     """
+    signature = _serving_signature(model, features)  # fails before anything is written
+    try:
+        return export_outputs(
+            model, output_dir, io_device=io_device, signature=signature, each=False
+        )
+    except OutputsMissing as incomplete:
+        raise next(iter(incomplete.missing.values())) from None
+
+
+def export_outputs(
+    model,
+    output_dir: str,
+    *,
+    io_device: str | None = None,
+    features=None,
+    signature=None,
+    each: bool = True,
+) -> dict[str, str]:
+    """`export_model`'s outputs, each tried whatever became of the other (`each=False`: up to the first failure):
+    the run's export. Raises OutputsMissing naming each output not written and its error (an ExportWriteError for
+    an output that takes no writes; a ValueError for a model with no symbolic inputs and no `features`), with the
+    paths of those that were."""
     target = exported_model(model)
     exported: dict[str, str] = {}
     missing: dict[str, BaseException] = {}
 
     def attempt(name: str, write) -> None:
+        if missing and not each:
+            return
         try:
             exported[name] = write()
         except Exception as error:  # noqa: BLE001 - reported as a missing output, the others still written
@@ -325,7 +349,9 @@ def export_model(
         attempt("weights", lambda: save_weights(target, output_dir))
     attempt(
         "saved_model",
-        lambda: export_saved_model(model, output_dir, io_device=io_device, features=features),
+        lambda: export_saved_model(
+            model, output_dir, io_device=io_device, features=features, signature=signature
+        ),
     )
     if missing:
         raise OutputsMissing(exported, missing)

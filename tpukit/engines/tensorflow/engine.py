@@ -27,7 +27,7 @@ from tpukit import __version__, data, planner, task
 from tpukit.engines.keras import callbacks as callbacks_lib
 from tpukit.engines.keras import flops, keras_private, trainer
 from tpukit.engines.keras import session as session_lib
-from tpukit.engines.keras.export import export_model, io_device_for
+from tpukit.engines.keras.export import export_outputs, io_device_for
 from tpukit.engines.keras.session import Session, decide_steps_per_execution, dtype_policy
 from tpukit.engines.tensorflow import checkpoint as checkpoint_lib
 from tpukit.engines.tensorflow import cluster, cpu, loop, sparse
@@ -413,7 +413,7 @@ def export(session: Session, outcome) -> dict[str, str]:
         with tempfile.TemporaryDirectory(prefix="tpukit-export-") as scratch:
             session_lib.exporting(
                 session,
-                lambda: export_model(
+                lambda: export_outputs(
                     session.model,
                     scratch,
                     io_device=session.plan.io_device,
@@ -423,7 +423,7 @@ def export(session: Session, outcome) -> dict[str, str]:
         return {}
     return session_lib.exporting(
         session,
-        lambda: export_model(
+        lambda: export_outputs(
             session.model,
             session.plan.output_dir,
             io_device=session.plan.io_device,
