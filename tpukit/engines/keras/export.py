@@ -11,7 +11,7 @@ cannot see this machine's disk (`UnimplementedError: File system scheme '[local]
 `tf.saved_model.SaveOptions(experimental_io_device=...)` / `LoadOptions` do. `model.keras` needs no option: Keras 3
 fetches the weights into this process and writes the zip file here.
 
-Outputs never lie (docs/guide/outputs.md): a KerasHub task, trained as a plain `keras.Model` over its layers, is
+Outputs never lie (docs/trainer.md, "Outputs"): a KerasHub task, trained as a plain `keras.Model` over its layers, is
 saved as itself (`exported_model`); a model Keras cannot rebuild from a config (a subclassed model without
 `get_config`) is found before training (`skipped_outputs`) and saved as `model.weights.h5`; and an output that
 fails is reported (`OutputsMissing`), never passed over: the run then fails with its metrics written.
