@@ -232,6 +232,12 @@ def _failed_cleanly(result, *parts):
         assert part in result.stderr, result.stderr[-3000:]
 
 
+def _failed_export(out, *missing):
+    """metrics.json written all the same (issue 40), naming the outputs missing."""
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["status"] == "failed" and sorted(metrics["outputs_missing"]) == sorted(missing)
+
+
 @pytest.mark.integration
 def test_jax_a_full_disk_at_the_saved_model_fails_and_the_rerun_exports(tmp_path):
     out = tmp_path / "run"
@@ -244,7 +250,7 @@ def test_jax_a_full_disk_at_the_saved_model_fails_and_the_rerun_exports(tmp_path
         "trained checkpoint is kept (step 22",
         "run the same command",
     )
-    assert not (out / "metrics.json").exists()
+    _failed_export(out, "saved_model")
     assert not (out / "saved_model").exists() and (out / "checkpoints" / "ckpt_22").is_dir()
     assert not [name for name in os.listdir(out) if rundir.TEMPORARY_MARK in name]
     _leftovers(
@@ -273,6 +279,7 @@ def test_jax_a_read_only_output_at_model_keras_fails(tmp_path):
         "Read-only file system (EROFS",
         "Fix: make it writable",
     )
+    _failed_export(out, "keras", "saved_model")  # the SavedModel is made from model.keras there
     assert not (out / "model.keras").exists() and (out / "checkpoints" / "ckpt_22").is_dir()
 
 
@@ -287,6 +294,7 @@ def test_tensorflow_a_quota_at_the_saved_model_fails(tmp_path):
         "Disk quota exceeded (EDQUOT",
         "trained checkpoint is kept (step 22",
     )
+    _failed_export(out, "saved_model")
     assert not (out / "saved_model").exists()
 
 

@@ -46,6 +46,7 @@ HEARTBEAT_SECONDS = 60.0
 STALE_AFTER_SECONDS = 300.0
 # Temporary names carry this marker, so a run that holds the lock can clear what a killed writer left behind.
 TEMPORARY_MARK = ".tpukit-tmp-"
+WEIGHTS_SUFFIX = ".weights.h5"  # the extension Keras' `save_weights` requires
 # Orbax writes a checkpoint step into `<name>.orbax-checkpoint-tmp[-<time>]/`, then renames it (a local disk).
 ORBAX_TEMPORARY_MARK = ".orbax-checkpoint-tmp"
 # A non-chief task's directory inside the run's (`tpukit.planner.worker_output_dir`).
@@ -129,7 +130,10 @@ def temporary_name(path: str) -> str:
     copy), unique per process and thread, and marked so `clear_temporaries` can remove what a killed writer left."""
     head, tail = os.path.split(path)
     stem, extension = os.path.splitext(tail)
-    # The extension is kept last: Keras' `model.save` insists on a path ending in `.keras`.
+    if tail.endswith(WEIGHTS_SUFFIX):
+        stem, extension = tail[: -len(WEIGHTS_SUFFIX)], WEIGHTS_SUFFIX
+    # The extension is kept last: Keras' `model.save` insists on a path ending in `.keras` (`save_weights` on one
+    # ending in `.weights.h5`).
     return os.path.join(
         head,
         f"{stem}{TEMPORARY_MARK}{os.getpid()}-{threading.get_ident()}-{_HOST_TAG}{extension}",

@@ -31,6 +31,7 @@ logger = logging.getLogger("tpukit")
 
 __all__ = [
     "MODES",
+    "ExportFailedError",
     "OutputDirError",
     "RunLockedError",
     "TrainingInterrupted",
@@ -56,6 +57,27 @@ class TrainingInterrupted(KeyboardInterrupt):
 
     def _render_traceback_(self) -> list[str]:
         return [str(self)]
+
+
+class ExportFailedError(RuntimeError):
+    """The run trained (and evaluated) but an output could not be exported: `metrics` (also written to
+    `metrics.json`, with `status: failed` and `outputs_missing` naming each missing output and why) keeps its
+    numbers; the trained checkpoint is kept, and running the same command again exports without training again."""
+
+    def __init__(self, metrics: dict, output_dir: str, metrics_written: bool = True):
+        self.metrics = metrics
+        self.output_dir = output_dir
+        missing = metrics["outputs_missing"]
+        where = (
+            f"the metrics are written to {os.path.join(output_dir, 'metrics.json')} (status failed)"
+            if metrics_written
+            else "metrics.json could not be written either"
+        )
+        count = "an output" if len(missing) == 1 else f"{len(missing)} outputs"
+        super().__init__(
+            f"the run reached step {metrics['step']}, but {count} could not be exported "
+            f"({', '.join(missing)}); {where}. " + " ".join(missing.values())
+        )
 
 
 def make_plan(
@@ -211,6 +233,9 @@ def run(
             `output_dir`; nothing is written then.
         RunLockedError: another run is training into `output_dir` (the message names it).
         OutputDirError: the output directory stopped taking writes; earlier checkpoints are kept.
+        ExportFailedError: an output could not be exported (`model.keras`, the SavedModel): its `metrics` are
+            written to `metrics.json` with `status: failed` and `outputs_missing`; the checkpoint is kept, and
+            the same call again exports without training again.
         TrainingInterrupted: Ctrl-C stopped training after saving a checkpoint (a KeyboardInterrupt; its
             `metrics` were written). SIGTERM instead returns, with status "preempted".
         tpukit.engines.keras.trainer.TrainingDivergedError: the loss stayed non-finite after
@@ -355,10 +380,27 @@ def _run(the_plan: Plan, engine, recipe: Recipe, callbacks, files, phases: logs.
             )
         metrics["phases_seconds"] = phases.to_json()
         _log_phases(metrics["phases_seconds"])
-        metrics = write_metrics(session.plan, metrics, files)
+        if metrics.get("outputs_missing"):
+            failed = _failed_export(session.plan, metrics, files)
+        else:
+            metrics, failed = write_metrics(session.plan, metrics, files), None
+    if failed is not None:
+        raise failed
     if metrics["status"] == "interrupted":
         raise TrainingInterrupted(metrics, session.plan.output_dir)
     return metrics
+
+
+def _failed_export(the_plan: Plan, metrics: dict, files) -> ExportFailedError:
+    """A run whose export failed: its metrics written all the same (the numbers are not lost), and the
+    ExportFailedError, carrying them, that the run raises."""
+    try:
+        metrics = write_metrics(the_plan, metrics, files)
+    except (
+        OSError
+    ):  # the disk that refused the export may refuse this too: the error still says why
+        return ExportFailedError(metrics, the_plan.output_dir, metrics_written=False)
+    return ExportFailedError(metrics, the_plan.output_dir)
 
 
 def _with_engine_reason(metrics: dict, the_plan: Plan) -> dict:

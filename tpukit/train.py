@@ -4,7 +4,9 @@
 RECIPE is a YAML file, or the name of a recipe shipped with tpukit (e.g. `digits_cnn`). Thin by design: it parses
 flags, loads the recipe and calls `tpukit.run`. Exit status: 0 done, 2 bad recipe or flags (one-paragraph message,
 no traceback, nothing written; also a recipe changed since the run in --output_dir was trained), 1 the TPU or the
-cluster's workers could not be reached, another run holds --output_dir, or training diverged, 130 stopped by Ctrl-C
+cluster's workers could not be reached, another run holds --output_dir, training diverged, or an output could not
+be exported (metrics.json is written then, with `status: failed` and `outputs_missing`; the checkpoint is kept and
+the same command exports again without training again), 130 stopped by Ctrl-C
 (after saving a checkpoint, or at once on a second Ctrl-C), 143 stopped by SIGTERM after saving a checkpoint (run the
 same command again to resume).
 """
@@ -129,7 +131,7 @@ def _train(recipe, output_dir: str) -> dict | int:
         WaitInterrupted,
     )
     from tpukit.rundir import RunLockedError
-    from tpukit.runner import TrainingInterrupted, run
+    from tpukit.runner import ExportFailedError, TrainingInterrupted, run
 
     try:
         return run(
@@ -160,6 +162,7 @@ def _train(recipe, output_dir: str) -> dict | int:
         DataUnavailableError,
         OutputDirError,
         RunLockedError,
+        ExportFailedError,
     ) as error:
         print(f"tpukit: error: {error}", file=sys.stderr)
         return 1

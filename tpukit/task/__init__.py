@@ -278,10 +278,19 @@ def builder_kwargs(recipe: Recipe) -> dict:
     return kwargs
 
 
+class _Original:
+    """The model a plain one was made from (`_plain`), held outside Keras' tracking: a layer set as an attribute of
+    a model would become one of its sublayers (its variables twice in checkpoints)."""
+
+    def __init__(self, model):
+        self.model = model
+
+
 def _plain(model):
     """A functional model whose class overrides `fit` or `compile` (a KerasHub task: its `fit` does not take a
     distributed dataset, its `compile` adds unweighted metrics back) as a plain `keras.Model` over the same layers
-    and weights; any other model as it is."""
+    and weights; any other model as it is. The plain model keeps the original as `_tpukit_original`: the export
+    saves that (`tpukit.engines.keras.export.exported_model`), so `model.keras` loads as the task it was."""
     cls = type(model)
     overrides = [
         name for name in ("fit", "compile") if getattr(cls, name) is not getattr(keras.Model, name)
@@ -293,4 +302,6 @@ def _plain(model):
         cls.__name__,
         " and ".join(overrides),
     )
-    return keras.Model(model.input, model.output, name=model.name)
+    plain = keras.Model(model.input, model.output, name=model.name)
+    plain._tpukit_original = _Original(model)
+    return plain

@@ -32,6 +32,7 @@ from tpukit.engines.jax import checkpoint as checkpoint_lib
 from tpukit.engines.jax import compilation_cache, cpu, peers
 from tpukit.engines.jax.saved_model import SavedModelExport
 from tpukit.engines.keras import callbacks as callbacks_lib
+from tpukit.engines.keras import export as export_lib
 from tpukit.engines.keras import flops, trainer
 from tpukit.engines.keras import session as session_lib
 from tpukit.engines.keras.checkpoint import CheckpointCorruptError, CheckpointMismatchError
@@ -485,6 +486,7 @@ def train(session: Session, callbacks: list | None = None):
             _train_dataset,
             _eval_dataset,
             _callbacks(session) + [progress] + list(callbacks or []),
+            saved_model_from_keras=True,  # `export`: a TensorFlow-backend process loads model.keras
         )
     except Exception as error:
         peers.check_lost(error)  # returns unless a process was lost
@@ -548,14 +550,15 @@ def evaluate(session: Session, outcome) -> dict[str, float]:
 
 
 def export(session: Session, outcome) -> dict[str, str]:
-    """`model.keras` (written here, whole: a temporary name, then a rename) and the SavedModel `serve` endpoint,
-    which a TensorFlow-backend process exports from that file (`saved_model`: on CPUs started by `build`, so it has
-    imported TensorFlow while this one trained, elsewhere started here; it runs `tpukit.engines.keras.export`'s
-    command): TF 2.21 cannot load SavedModels that jax >= 0.11 exports through jax2tf. {} in eval mode or when stopped by a signal; the
-    SavedModel is skipped, with a warning, where TensorFlow cannot export it. An output that takes no writes (a
-    full disk, a read-only or quota-exceeded directory) raises ExportWriteError: the run fails, the checkpoint kept."""
+    """`model.keras` (written here, whole: a temporary name, then a rename; `model.weights.h5` for a model without
+    a config) and the SavedModel `serve` endpoint, which a TensorFlow-backend process exports from that file
+    (`saved_model`: on CPUs started by `build`, so it has imported TensorFlow while this one trained, elsewhere
+    started here; it runs `tpukit.engines.keras.export`'s command): TF 2.21 cannot load SavedModels that
+    jax >= 0.11 exports through jax2tf. {} in eval mode or when stopped by a signal. An output that fails (a full
+    disk, a model TensorFlow cannot export) is recorded on the session (`session.exporting`): the run fails once
+    its metrics are written."""
     try:
-        return _export(session, outcome)
+        return session_lib.exporting(session, lambda: _export(session, outcome))
     finally:
         _close_saved_model_export(session.saved_model)
 
@@ -564,43 +567,69 @@ def _export(session: Session, outcome) -> dict[str, str]:
     the_plan = session.plan
     if not the_plan.training or outcome.status in trainer.STOPPED.values():
         return {}
-    model = session.model
-    if the_plan.strategy.processes > 1:
-        model = _host_copy(model)  # every process takes part in gathering the shards
+    # The KerasHub task a plain model was made from; a model without a config (found before training, in
+    # `session.outputs_skipped`) has its weights saved instead.
+    model = export_lib.exported_model(session.model)
+    weights_only = "keras" in session.outputs_skipped
+    name = "weights" if weights_only else "keras"
+    try:
+        if the_plan.strategy.processes > 1:
+            model = _host_copy(model)  # every process takes part in gathering the shards
+    except Exception as error:  # noqa: BLE001 - a missing output: the run fails after its report
+        raise export_lib.OutputsMissing({}, {name: error}) from error
     if not the_plan.chief:
         return {}
     # Written whole (a temporary name, then a rename); a full disk raises ExportWriteError.
     with _without_distribution() if the_plan.strategy.processes > 1 else contextlib.nullcontext():
-        keras_path = save_keras(model, the_plan.output_dir)
+        try:
+            if weights_only:
+                return {"weights": export_lib.save_weights(model, the_plan.output_dir)}
+            keras_path = save_keras(model, the_plan.output_dir)
+        except Exception as error:  # noqa: BLE001 - a missing output: the run fails after its report
+            missing = {name: error}
+            if not weights_only and "saved_model" not in session.outputs_skipped:
+                missing["saved_model"] = RuntimeError(
+                    "it is made from model.keras, which is missing"
+                )
+            raise export_lib.OutputsMissing({}, missing) from error
     exported = {"keras": keras_path}
-    saved_model = os.path.join(the_plan.output_dir, SAVED_MODEL_DIRNAME)
+    if "saved_model" not in session.outputs_skipped:  # else warned of before training
+        exported["saved_model"] = _export_saved_model(session, keras_path, exported)
+    return exported
+
+
+def _export_saved_model(session: Session, keras_path: str, exported: dict) -> str:
+    """The SavedModel of `keras_path`, exported by a TensorFlow-backend process; its path. Raises OutputsMissing
+    (with `exported`, what was written) when that process fails."""
+    output_dir = session.plan.output_dir
+    saved_model = os.path.join(output_dir, SAVED_MODEL_DIRNAME)
     started = time.time()
     exporting = session.saved_model
     if exporting is None:
         exporting = session.saved_model = SavedModelExport.start()
-    failure = exporting.run(keras_path, the_plan.output_dir)
-    unwritten = failure and ExportWriteError.from_line(failure, SAVED_MODEL_WHAT, saved_model)
-    if unwritten:
-        raise unwritten  # a full disk fails the run, not a warning (`session.explained`)
-    if failure is None:
-        exported["saved_model"] = saved_model
-        logger.info(
-            "tpukit: exported %s with the TensorFlow backend in %.1fs",
-            saved_model,
-            time.time() - started,
-        )
-    else:
-        if "Could not locate class" in failure and "could not import" not in failure:
+    failure = exporting.run(keras_path, output_dir)
+    if failure is not None:
+        unwritten = ExportWriteError.from_line(failure, SAVED_MODEL_WHAT, saved_model)
+        if (
+            unwritten is None
+            and "Could not locate class" in failure
+            and "could not import" not in failure
+        ):
             failure += (
-                ". Fix: define the model's own layers in a module of yours that the script imports (the exporting "
-                "process imports it; it cannot import the script you run), or train with runtime.engine=tensorflow, "
-                "which exports in the training process"
+                ". Fix: define the model's own layers in a module of yours that the script imports (the "
+                "exporting process imports it; it cannot import the script you run), or train with "
+                "runtime.engine=tensorflow, which exports in the training process"
             )
-        logger.warning(
-            "tpukit: model.keras is saved, but the SavedModel export (a TensorFlow-backend process) failed: %s",
-            failure,
+        cause = unwritten or RuntimeError(
+            f"a TensorFlow-backend process exports it from model.keras, and it failed: {failure}"
         )
-    return exported
+        raise export_lib.OutputsMissing(exported, {"saved_model": cause})
+    logger.info(
+        "tpukit: exported %s with the TensorFlow backend in %.1fs",
+        saved_model,
+        time.time() - started,
+    )
+    return saved_model
 
 
 @contextlib.contextmanager

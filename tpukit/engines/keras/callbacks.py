@@ -250,6 +250,13 @@ class ResumableModelCheckpoint(keras.callbacks.ModelCheckpoint):
         self.state = state
         self.final_path = filepath
 
+    def set_model(self, model):
+        # What model.keras holds (the KerasHub task a plain model was made from: `export.exported_model`); a model
+        # without a config has no best.keras (`export.skipped_outputs` warned of it before training).
+        target = export.exported_model(model)
+        self.unsaved = export.unserializable(target)
+        super().set_model(target)
+
     def on_train_begin(self, logs=None):
         super().on_train_begin(logs)
         best = _stored(self.state.export_best)
@@ -257,6 +264,8 @@ class ResumableModelCheckpoint(keras.callbacks.ModelCheckpoint):
             self.best = best
 
     def on_epoch_end(self, epoch, logs=None):
+        if getattr(self, "unsaved", None):
+            return
         # Written whole: Keras saves to a temporary name (still ending in .keras), renamed over best.keras after,
         # so a SIGKILL or a full disk mid-save leaves the previous best.keras intact.
         # A full disk or a read-only directory stops the run (ExportWriteError), with the checkpoints kept.

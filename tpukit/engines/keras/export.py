@@ -10,6 +10,11 @@ cannot see this machine's disk (`UnimplementedError: File system scheme '[local]
 `io_device="/job:localhost"` (see `io_device_for`) to write and read SavedModels from this machine instead, as
 `tf.saved_model.SaveOptions(experimental_io_device=...)` / `LoadOptions` do. `model.keras` needs no option: Keras 3
 fetches the weights into this process and writes the zip file here.
+
+Outputs never lie (docs/trainer.md, "Outputs"): a KerasHub task, trained as a plain `keras.Model` over its layers, is
+saved as itself (`exported_model`); a model Keras cannot rebuild from a config (a subclassed model without
+`get_config`) is found before training (`skipped_outputs`) and saved as `model.weights.h5`; and an output that
+fails is reported (`OutputsMissing`), never passed over: the run then fails with its metrics written.
 """
 
 from __future__ import annotations
@@ -22,6 +27,9 @@ import os
 from tpukit import rundir
 
 KERAS_FILENAME = "model.keras"
+WEIGHTS_FILENAME = (
+    "model" + rundir.WEIGHTS_SUFFIX
+)  # instead of model.keras, for a model without a config
 SAVED_MODEL_DIRNAME = "saved_model"
 SAVED_MODEL_WHAT = "the SavedModel"
 SERVING_ENDPOINT = (
@@ -88,6 +96,105 @@ class ExportWriteError(OSError):
 
 
 LINE_MARK = "tpukit: export write failed: "
+
+
+# An output's key in `metrics.json` (`exported`, `outputs_missing`, `outputs_skipped`) -> what it is called in messages.
+OUTPUT_NAMES = {
+    "keras": KERAS_FILENAME,
+    "weights": WEIGHTS_FILENAME,
+    "saved_model": SAVED_MODEL_WHAT,
+}
+
+
+class OutputsMissing(Exception):
+    """Outputs of an export that could not be written: `exported` (name -> path) are those that were, `missing`
+    (name -> the error) those that were not. The engines record them on the session (`session.exporting`), and the
+    run fails after writing its metrics (`tpukit.runner.ExportFailedError`)."""
+
+    def __init__(self, exported: dict[str, str], missing: dict[str, BaseException]):
+        super().__init__(", ".join(f"{name}: {error}" for name, error in missing.items()))
+        self.exported, self.missing = exported, missing
+
+
+def exported_model(model):
+    """What `model.keras` holds for a model `tpukit.task.build_model` made: the KerasHub task (any model whose
+    class overrides `fit` or `compile`) it trained as a plain `keras.Model` over the same layers and weights
+    (`tpukit.task._plain`), so the file loads as that task (its `generate()`, its preprocessor); else `model`."""
+    original = getattr(model, "_tpukit_original", None)
+    return model if original is None else original.model
+
+
+def unserializable(model) -> str | None:
+    """Why `model.keras` cannot hold `model` (Keras rebuilds a model from its config, and this one has none: a
+    subclassed model whose `__init__` takes an argument Keras cannot serialize and that defines no
+    `get_config`), or None. Serializes the config as `model.save` does; nothing is written."""
+    import keras
+
+    try:
+        json.dumps(keras.saving.serialize_keras_object(model))
+    except NotImplementedError:
+        return (
+            f"model.keras cannot hold {type(model).__name__}: its __init__ takes arguments Keras cannot "
+            "serialize and it defines no get_config, so Keras could not rebuild it (Fix: define get_config, and "
+            "from_config if needed, on the model class)"
+        )
+    except (TypeError, ValueError) as error:
+        return (
+            f"model.keras cannot hold {type(model).__name__}: its config does not serialize "
+            f"({type(error).__name__}: {' '.join(str(error).split())[:200]}; Fix: make get_config return "
+            "plain values)"
+        )
+    return None
+
+
+def script_classes(model) -> list[str]:
+    """The classes in `model`'s config defined in the script that runs (module `__main__`, or none recorded):
+    another process that loads `model.keras` cannot import them."""
+    import keras
+
+    found: list[str] = []
+
+    def walk(node) -> None:
+        if isinstance(node, dict):
+            name = node.get("class_name")
+            if isinstance(name, str) and "module" in node and node["module"] in (None, "__main__"):
+                found.append(name)
+            for child in node.values():
+                walk(child)
+        elif isinstance(node, list):
+            for child in node:
+                walk(child)
+
+    walk(keras.saving.serialize_keras_object(model))
+    return sorted(set(found))
+
+
+def skipped_outputs(model, *, saved_model_from_keras: bool = False) -> dict[str, str]:
+    """The outputs `model` (the trained model; its `exported_model` is saved) cannot have, known before training:
+    name ("keras", "saved_model") -> why, with the fix. A model without a config gets `model.weights.h5` instead of
+    `model.keras` (and no `best.keras`). `saved_model_from_keras`: the SavedModel is exported by another process
+    from `model.keras` (the jax engine), so it also needs the file and every class importable there."""
+    skipped = {}
+    target = exported_model(model)
+    why = unserializable(target)
+    if why is not None:
+        skipped["keras"] = f"{why}; its weights are saved as {WEIGHTS_FILENAME} instead"
+        if saved_model_from_keras:
+            skipped["saved_model"] = (
+                "the SavedModel is exported from model.keras by a TensorFlow-backend process, and there is none "
+                "(Fix: define get_config on the model class, or train with runtime.engine=tensorflow, which "
+                "exports the SavedModel in the training process)"
+            )
+        return skipped
+    script = script_classes(target) if saved_model_from_keras else []
+    if script:
+        skipped["saved_model"] = (
+            f"the SavedModel is exported from model.keras by a TensorFlow-backend process, which cannot import "
+            f"{', '.join(script)} defined in the script that runs (Fix: define the model's own layers in a module "
+            "of yours that the script imports, or train with runtime.engine=tensorflow, which exports in the "
+            "training process)"
+        )
+    return skipped
 
 
 def output_write_error(error: BaseException, what: str, path: str) -> ExportWriteError | None:
@@ -182,10 +289,12 @@ def _input_name(tensor, index: int) -> str:
 def export_model(
     model, output_dir: str, *, io_device: str | None = None, features=None
 ) -> dict[str, str]:
-    """Writes `output_dir/model.keras` and the SavedModel `output_dir/saved_model/`; returns their paths.
+    """Writes `output_dir/model.keras` (`model.weights.h5` for a model without a config) and the SavedModel
+    `output_dir/saved_model/`; returns their paths. Stops at the first failure (`export_outputs` tries each).
 
     Args:
-        model: a functional `keras.Model` (trained; any dtype policy; built under any strategy).
+        model: a functional `keras.Model` (trained; any dtype policy; built under any strategy). Its
+            `exported_model` is what the `.keras` file holds; the SavedModel serves `model` itself.
         output_dir: the directory to write into (created if missing). A `gs://` path works for the SavedModel
             from anywhere, and for `model.keras` where TensorFlow's file system can write it.
         io_device: where SavedModel file operations run, e.g. "/job:localhost" on a remote TPU Node to write to
@@ -194,18 +303,73 @@ def export_model(
             signature of a subclassed model, which declares no inputs (`tpukit.task.spec_of(model).features`).
 
     Returns:
-        {"keras": path of model.keras, "saved_model": path of the SavedModel directory}.
+        {"keras": path of model.keras (or "weights": path of model.weights.h5), "saved_model": its directory}.
 
     Raises:
         ValueError: the model has no symbolic inputs (a subclassed model never called on a `keras.Input`).
+        ExportWriteError: an output takes no writes (a full disk, a read-only or quota-exceeded directory).
     """
-
     signature = _serving_signature(model, features)  # fails before anything is written
-    keras_path = save_keras(model, output_dir)
-    saved_model_path = export_saved_model(
-        model, output_dir, io_device=io_device, features=features, signature=signature
+    try:
+        return export_outputs(
+            model, output_dir, io_device=io_device, signature=signature, each=False
+        )
+    except OutputsMissing as incomplete:
+        raise next(iter(incomplete.missing.values())) from None
+
+
+def export_outputs(
+    model,
+    output_dir: str,
+    *,
+    io_device: str | None = None,
+    features=None,
+    signature=None,
+    each: bool = True,
+) -> dict[str, str]:
+    """`export_model`'s outputs, each tried whatever became of the other (`each=False`: up to the first failure):
+    the run's export. Raises OutputsMissing naming each output not written and its error (an ExportWriteError for
+    an output that takes no writes; a ValueError for a model with no symbolic inputs and no `features`), with the
+    paths of those that were."""
+    target = exported_model(model)
+    exported: dict[str, str] = {}
+    missing: dict[str, BaseException] = {}
+
+    def attempt(name: str, write) -> None:
+        if missing and not each:
+            return
+        try:
+            exported[name] = write()
+        except Exception as error:  # noqa: BLE001 - reported as a missing output, the others still written
+            missing[name] = error
+
+    if unserializable(target) is None:
+        attempt("keras", lambda: save_keras(target, output_dir))
+    else:
+        attempt("weights", lambda: save_weights(target, output_dir))
+    attempt(
+        "saved_model",
+        lambda: export_saved_model(
+            model, output_dir, io_device=io_device, features=features, signature=signature
+        ),
     )
-    return {"keras": keras_path, "saved_model": saved_model_path}
+    if missing:
+        raise OutputsMissing(exported, missing)
+    return exported
+
+
+def save_weights(model, output_dir: str) -> str:
+    """Writes `output_dir/model.weights.h5` whole (`model.save_weights`; `model.load_weights` reads it into the
+    same model built by the user's code) and returns its path: the output of a model without a config."""
+    import tensorflow as tf
+
+    path = os.path.join(output_dir, WEIGHTS_FILENAME)
+    temporary = rundir.temporary_name(path)
+    with writing(WEIGHTS_FILENAME, path), _removed_on_failure(temporary):
+        tf.io.gfile.makedirs(output_dir)
+        model.save_weights(temporary)
+        tf.io.gfile.rename(temporary, path, overwrite=True)
+    return path
 
 
 def save_keras(model, output_dir: str) -> str:

@@ -58,6 +58,10 @@ class Session:
     decision: dict = dataclasses.field(default_factory=dict)  # why this steps_per_execution
     # Times a measured peak again, given the FLOP/s training reached (`flops.checked_mfu`); None: a table's peak.
     remeasure_peak: Callable[[float], tuple[float | None, str]] | None = None
+    # Outputs the model cannot have, found before training (name -> why: `export.skipped_outputs`), and those an
+    # export failed to write (name -> the one-paragraph reason: `exporting`); the latter fail the run.
+    outputs_skipped: dict = dataclasses.field(default_factory=dict)
+    outputs_missing: dict = dataclasses.field(default_factory=dict)
 
 
 def _decision_text(why: dict) -> str:
@@ -161,15 +165,25 @@ def standard_callbacks(
     return result
 
 
-def fit_session(session, train_dataset, eval_dataset, callbacks: list, on_compile_failure=None):
+def fit_session(
+    session,
+    train_dataset,
+    eval_dataset,
+    callbacks: list,
+    on_compile_failure=None,
+    *,
+    saved_model_from_keras: bool = False,
+):
     """`trainer.fit_with_recovery` over a session of either engine: `train_dataset(plan, spec)(position)` and
     `eval_dataset(plan, spec)()` make the engine's pipelines; the moving averages (`train.ema_momentum`) become
     the weights once training is done. `on_compile_failure(error) -> bool`: the engine's retry of a step that failed
-    to compile (the trainer's argument)."""
+    to compile (the trainer's argument). First, the outputs the model cannot have are warned of (`check_outputs`;
+    `saved_model_from_keras`: the engine exports the SavedModel from `model.keras`)."""
     the_plan, settings = session.plan, session.plan.settings
     if not the_plan.training:
         use_averages(session.model)
         return trainer.Outcome("done", {}, 0)
+    check_outputs(session, saved_model_from_keras=saved_model_from_keras)
     if session.start_step >= the_plan.total_steps:
         logger.info(
             "tpukit: all %d epochs are done already (step %d)",
@@ -205,6 +219,42 @@ def fit_session(session, train_dataset, eval_dataset, callbacks: list, on_compil
             outcome.status,
         )
     return outcome
+
+
+def check_outputs(session, *, saved_model_from_keras: bool = False) -> None:
+    """Before training: the outputs the model cannot have (`export.skipped_outputs`: a model without a config gets
+    `model.weights.h5` instead of `model.keras`) recorded on the session for the report, each with a warning."""
+    session.outputs_skipped = export.skipped_outputs(
+        session.model, saved_model_from_keras=saved_model_from_keras
+    )
+    for name, why in session.outputs_skipped.items():
+        logger.warning("tpukit: output %s will not be written: %s", name, why)
+
+
+def exporting(session, write: Callable[[], dict]) -> dict[str, str]:
+    """`write()`'s outputs (name -> path). An output it could not write (`export.OutputsMissing`) is recorded in
+    `session.outputs_missing` with its one-paragraph reason (what, where, why, the checkpoint kept, the fix): the
+    report then says `status: failed`, and the runner fails the run after writing the metrics."""
+    try:
+        return write()
+    except export.OutputsMissing as incomplete:
+        for name, error in incomplete.missing.items():
+            session.outputs_missing[name] = missing_reason(session, error, name)
+        return incomplete.exported
+
+
+def missing_reason(session, error: BaseException, name: str) -> str:
+    """Why output `name` is missing, in one paragraph ending in the fix and the rerun that re-exports."""
+    the_plan, step = session.plan, session.checkpointer.step
+    if isinstance(error, export.ExportWriteError):
+        return error.explained(step, the_plan.checkpoint_dir)
+    text = " ".join(str(error).split())[:300]
+    return (
+        f"{export.OUTPUT_NAMES.get(name, name)} could not be exported ({type(error).__name__}: {text}). The "
+        f"trained checkpoint is kept (step "
+        f"{step} in {the_plan.checkpoint_dir}). Fix: correct what the error names, then run the same command: it "
+        "goes on from that checkpoint, and a finished training is not repeated, only exported again."
+    )
 
 
 def use_averages(model) -> None:
@@ -312,6 +362,12 @@ def report(session: Session, outcome, evaluation: dict, exported: dict, engine: 
         "mfu": mfu,
         "exported": exported,
     }
+    if session.outputs_skipped:  # found before training, and warned of then
+        metrics["outputs_skipped"] = dict(session.outputs_skipped)
+    if session.outputs_missing:  # an export failed: never `done` with an output missing
+        metrics["status"] = "failed"
+        metrics["training_status"] = outcome.status  # how training ended ("done", "early_stopped")
+        metrics["outputs_missing"] = dict(session.outputs_missing)
     if settings.baseline and evaluation:
         metrics["baseline"] = task.score_baseline(the_plan.recipe, task.spec_of(session.model))
     return metrics

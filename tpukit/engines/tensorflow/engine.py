@@ -28,7 +28,7 @@ from tpukit import __version__, data, planner, task
 from tpukit.engines.keras import callbacks as callbacks_lib
 from tpukit.engines.keras import flops, keras_private, trainer
 from tpukit.engines.keras import session as session_lib
-from tpukit.engines.keras.export import export_model, io_device_for
+from tpukit.engines.keras.export import export_outputs, io_device_for
 from tpukit.engines.keras.session import Session, decide_steps_per_execution, dtype_policy
 from tpukit.engines.tensorflow import checkpoint as checkpoint_lib
 from tpukit.engines.tensorflow import cluster, cpu, loop, sparse
@@ -428,8 +428,9 @@ def evaluate(session: Session, outcome) -> dict[str, float]:
 
 
 def export(session: Session, outcome) -> dict[str, str]:
-    """`model.keras` and the SavedModel `serve` endpoint (see `tpukit.engines.keras.export`); {} in eval mode
-    or when stopped by a signal."""
+    """`model.keras` (`model.weights.h5` for a model without a config) and the SavedModel `serve` endpoint (see
+    `tpukit.engines.keras.export`); {} in eval mode or when stopped by a signal. An output that fails is recorded
+    on the session (`session.exporting`): the run fails once its metrics are written."""
 
     if not session.plan.training or outcome.status in trainer.STOPPED.values():
         return {}
@@ -437,18 +438,24 @@ def export(session: Session, outcome) -> dict[str, str]:
         # Every worker takes part (SavedModel saving may read distributed variables collectively, as in TF's
         # multi-worker guide); only the chief keeps the files.
         with tempfile.TemporaryDirectory(prefix="tpukit-export-") as scratch:
-            export_model(
-                session.model,
-                scratch,
-                io_device=session.plan.io_device,
-                features=session_lib.features(session),
+            session_lib.exporting(
+                session,
+                lambda: export_outputs(
+                    session.model,
+                    scratch,
+                    io_device=session.plan.io_device,
+                    features=session_lib.features(session),
+                ),
             )
         return {}
-    return export_model(
-        session.model,
-        session.plan.output_dir,
-        io_device=session.plan.io_device,
-        features=session_lib.features(session),
+    return session_lib.exporting(
+        session,
+        lambda: export_outputs(
+            session.model,
+            session.plan.output_dir,
+            io_device=session.plan.io_device,
+            features=session_lib.features(session),
+        ),
     )
 
 
