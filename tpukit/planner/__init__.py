@@ -378,8 +378,16 @@ def check_mesh(recipe: Recipe, hardware: Hardware) -> None:
 
 
 def check_model_axis(recipe: Recipe) -> None:
-    """A `model` axis above 1 on the tensorflow engine: refused before it connects (a TPU can take minutes)."""
+    """A `model` axis above 1, or a layout, on the tensorflow engine: refused before it connects (a TPU can take
+    minutes)."""
     mesh = recipe.runtime.mesh
+    if recipe.runtime.engine == "tensorflow" and recipe.runtime.layout is not None:
+        raise RecipeError(
+            f"{recipe.path}: runtime.layout (a weight layout, from a dict or a Keras LayoutMap) is a jax-engine "
+            "feature: on the tensorflow engine Keras ignores layouts and model parallelism, so the weights would "
+            'stay whole on every device. Fix: train with the jax engine (engine="jax" in tpukit.fit, --set '
+            f'runtime.engine=jax; `pip install "{versions.tpukit_requirement("jax")}"`), or remove runtime.layout.'
+        )
     if recipe.runtime.engine == "tensorflow" and mesh["model"] > 1:
         raise RecipeError(
             f"{recipe.path}: runtime.mesh.model={mesh['model']} splits weights over {mesh['model']} devices, which "

@@ -1,28 +1,57 @@
 """Which weights shard how over the jax engine's device mesh, checked before anything trains. Pure.
 
-A layout is {regex: axes}: the regex is matched whole (`re.fullmatch`, as Keras' `LayoutMap` does) against a
-variable's path (`block0/mlp_in/kernel`), and `axes` names a mesh axis ("model", "data") or None for each dimension
-of the variables it matches. Keras' own `LayoutMap` leaves a variable that no entry matches replicated, silently:
-`"d1/kernel"` misses `sequential/d1/kernel`, training runs, the losses match and nothing is sharded. Here an entry
-that matches no variable is an error naming the variables it may have meant, a dimension that does not divide by
-its axis is an error naming the variable and the numbers (JAX's own message names neither), and a path matched by
-two entries is an error naming both.
+A layout is {key: axes}: `axes` names a mesh axis ("model", "data") or None for each dimension of the variables the
+key matches. Keys match as Keras 3.15's `LayoutMap.__getitem__` matches them (`matching`): a key equal to the
+variable's path (`block0/mlp_in/kernel`), else every key that `re.fullmatch`es it (older Keras used `re.search`,
+until keras-team/keras#22164), and a path matched by two keys is an error naming both. A key that matches a layer's
+output (`d2/output`, as Keras' `ModelParallel.get_tensor_layout` looks them up) lays out that activation.
+
+Keras' own `LayoutMap` leaves a variable that no entry matches replicated, silently: `"d1/kernel"` misses
+`sequential/d1/kernel`, training runs, the losses match and nothing is sharded. Here an entry that matches no
+variable and no layer output is an error naming the variables it may have meant (an entry naming a variable that
+its layer does not have, `d1/bias` of a `Dense(use_bias=False)`, is a warning: there is nothing to lay out), and a
+dimension that does not divide by its axis is an error naming the variable and the numbers (JAX's own message names
+neither).
+
+A Keras `LayoutMap` (or a builder of one, such as KerasHub's `GemmaBackbone.get_layout_map`) becomes such a layout
+with `from_keras`: its mesh axes are renamed to tpukit's (`data` or `batch` is the data axis, the other the model
+axis) and its `device_mesh` gives the mesh's sizes.
 """
 
 from __future__ import annotations
 
+import collections.abc
 import difflib
+import inspect
+import logging
 import math
 import re
+from typing import Any
 
 from tpukit.recipe import RecipeError
+
+logger = logging.getLogger("tpukit")
+
+# The names a Keras mesh gives its data-parallel axis: the distribution guide's and `ModelParallel(batch_dim_name=
+# "data")`'s `data`; KerasHub's `get_layout_map(data_parallel_dim_name="batch")`'s `batch`.
+DATA_AXIS_NAMES = ("data", "batch")
+
+
+def matching(keys, path: str) -> list[str]:
+    """The keys of a layout that match `path`, as Keras 3.15's `LayoutMap.__getitem__` finds them
+    (keras/src/distribution/distribution_lib.py): the key equal to `path` alone, else every key that
+    `re.fullmatch`es it."""
+    if path in keys:
+        return [path]
+    return [key for key in keys if re.fullmatch(key, path)]
 
 
 class Layouts:
     """The recipe's layout (`runtime.layout`, else the model's default) over a mesh of {axis: size}.
 
-    `axes_for(path, shape)` is called once per variable as the engine creates it; `check_matched(paths)` after
-    the model is built; `sharded()` says what was split, for the plan and `metrics.json`.
+    `axes_for(path, shape)` is called once per variable as the engine creates it, `output_seen(path)` for each
+    layer output Keras lays out; `check_matched(paths, layer_paths)` after the model is built; `sharded()` and
+    `outputs()` say what was split and which activations were laid out, for the plan and `metrics.json`.
     """
 
     def __init__(self, layout: dict, mesh: dict[str, int], source: str):
@@ -30,6 +59,8 @@ class Layouts:
         self.mesh = dict(mesh)
         self.source = source  # "runtime.layout" or "the default layout of model causal_lm"
         self._matched: dict[str, int] = dict.fromkeys(self.layout, 0)
+        self._outputs_seen: dict[str, int] = dict.fromkeys(self.layout, 0)
+        self._outputs: dict[str, list] = {}
         self._sharded: dict[str, list] = {}
         for pattern, axes in self.layout.items():
             unknown = [a for a in axes if a is not None and a not in mesh]
@@ -41,7 +72,7 @@ class Layouts:
 
     def axes_for(self, path: str, shape: tuple[int, ...]) -> tuple[str | None, ...]:
         """The axis of each dimension of the variable at `path`: the matching entry's, or all None."""
-        matches = [p for p in self.layout if re.fullmatch(p, path)]
+        matches = matching(self.layout, path)
         if len(matches) > 1:
             raise RecipeError(
                 f"{self.source}: variable {path} matches {len(matches)} entries ({', '.join(map(repr, matches))}). "
@@ -75,29 +106,56 @@ class Layouts:
             self._sharded[path] = list(axes)
         return axes
 
-    def check_matched(self, paths: list[str]) -> None:
-        """Raises for an entry that matched no variable, naming the nearest variable paths."""
+    def output_seen(self, path: str) -> None:
+        """Notes that Keras laid out the layer output at `path` (`<layer path>/output`) with an entry."""
+        for pattern in matching(self.layout, path):
+            self._outputs_seen[pattern] += 1
+
+    def check_matched(self, paths: list[str], layer_paths: list[str] = ()) -> None:
+        """Raises for an entry that matches no variable of `paths` and no output of a layer of `layer_paths` (or
+        of a layer a variable path names), naming the nearest variable paths; warns for one that names a variable
+        its layer does not have."""
+        layers = set(layer_paths) | {p.rsplit("/", 1)[0] for p in paths if "/" in p}
+        layers |= {prefix for p in layers for prefix in _prefixes(p)}
+        outputs = [f"{layer}/output" for layer in sorted(layers)]
         for pattern, count in self._matched.items():
             if count:
                 continue
-            tail = pattern.split("/")[-1]
-            near = (
-                [p for p in paths if p.endswith(pattern)]
-                or difflib.get_close_matches(pattern, paths, n=3, cutoff=0.3)
-                or [p for p in paths if p.endswith(tail)][:3]
-            )
-            hint = (
-                f" It is matched whole against each path: {near[0]!r} needs '.*{pattern}' or '(.*/)?{pattern}'."
-                if near and near[0].endswith(pattern)
-                else f" Nearest paths: {', '.join(near[:3])}."
-                if near
-                else ""
-            )
-            raise RecipeError(
-                f"{self._where(pattern)} matches no variable of the model ({len(paths)} variables), so it would "
-                f"shard nothing.{hint} Fix: correct the pattern (tpukit.plan(...).describe() and "
-                "model.weights list the paths), or remove the entry."
-            )
+            if self._outputs_seen[pattern] or any(matching({pattern: None}, o) for o in outputs):
+                self._outputs[pattern] = list(self.layout[pattern])
+                continue
+            owner = _layer_without(pattern, layers)
+            if owner:
+                logger.warning(
+                    "tpukit: %s names a variable that layer %s does not have (its variables: %s), so it lays out "
+                    "nothing, as in Keras (a layer built without it, e.g. Dense(use_bias=False), has none)",
+                    self._where(pattern).rstrip(","),
+                    owner,
+                    ", ".join(p[len(owner) + 1 :] for p in paths if p.startswith(owner + "/"))
+                    or "none",
+                )
+                continue
+            raise RecipeError(self._unmatched(pattern, paths))
+
+    def _unmatched(self, pattern: str, paths: list[str]) -> str:
+        tail = pattern.split("/")[-1]
+        near = (
+            [p for p in paths if p.endswith(pattern)]
+            or difflib.get_close_matches(pattern, paths, n=3, cutoff=0.3)
+            or [p for p in paths if p.endswith(tail)][:3]
+        )
+        hint = (
+            f" It is matched whole against each path: {near[0]!r} needs '.*{pattern}' or '(.*/)?{pattern}'."
+            if near and near[0].endswith(pattern)
+            else f" Nearest paths: {', '.join(near[:3])}."
+            if near
+            else ""
+        )
+        return (
+            f"{self._where(pattern)} matches no variable of the model ({len(paths)} variables) and no layer's "
+            f"output (<layer path>/output), so it would shard nothing.{hint} Fix: correct the pattern "
+            "(tpukit.plan(...).describe() and model.weights list the paths), or remove the entry."
+        )
 
     def _where(self, pattern: str) -> str:
         return f"{self.source}, entry {pattern!r},"
@@ -105,6 +163,168 @@ class Layouts:
     def sharded(self) -> dict[str, list]:
         """{variable path: its axes} of every variable split over a mesh axis with more than one device."""
         return dict(self._sharded)
+
+    def outputs(self) -> dict[str, list]:
+        """{entry: its axes} of the entries that lay out layer outputs (activations), not variables."""
+        return dict(self._outputs)
+
+
+def _prefixes(path: str) -> list[str]:
+    """`a`, `a/b` of `a/b/c`: the layers that hold a layer's path."""
+    parts = path.split("/")
+    return ["/".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def _layer_without(pattern: str, layers: set[str]) -> str | None:
+    """The layer that an entry `<layer>/<variable>` names when the layer exists (its part before the last `/`
+    matches a layer's path) but has no such variable; None otherwise."""
+    if "/" not in pattern:
+        return None
+    head = pattern.rsplit("/", 1)[0]
+    try:
+        return next((layer for layer in sorted(layers) if matching({head: None}, layer)), None)
+    except re.error:  # the part before the `/` is no expression of its own, e.g. "(a/b)"
+        return None
+
+
+def from_keras(value: Any, mesh: dict | str) -> tuple[dict, dict | str, str] | None:
+    """A Keras `LayoutMap`, or a builder of one (a callable taking a `DeviceMesh`), as tpukit's layout:
+    ({key: axes named data/model}, the mesh, a line saying how the axes were mapped); None for anything else.
+
+    A `LayoutMap`'s `device_mesh` gives the mesh's sizes unless `mesh` (runtime.mesh) states others. A builder is
+    called with a `DeviceMesh` of tpukit's axes (`data`, `model`) sized as `mesh` asks (`data: auto` as 1: the
+    devices are not known before connecting, so its devices are placeholders and only its axis names are meant to
+    be read), naming them through `data_parallel_dim_name`/`model_parallel_dim_name` where it takes those (KerasHub's
+    `get_layout_map`); `mesh` is kept."""
+    call = None
+    if not is_layout_map(value):
+        if not callable(value) or isinstance(value, (str, bytes)):
+            return None
+        value, call = _called(value, mesh)
+    layout_map = value
+    device_mesh = layout_map.device_mesh
+    if device_mesh is None:
+        raise RecipeError(
+            "runtime.layout is a Keras LayoutMap without a device_mesh, so its axes have no sizes or names tpukit "
+            "can read. Fix: keras.distribution.LayoutMap(keras.distribution.DeviceMesh(shape=(2, 4), "
+            'axis_names=["data", "model"], devices=keras.distribution.list_devices())).'
+        )
+    names, shape = list(device_mesh.axis_names), tuple(int(s) for s in device_mesh.shape)
+    renamed = _axis_mapping(names, shape)
+    layout = {}
+    for key, tensor_layout in layout_map.items():
+        axes = tuple(getattr(tensor_layout, "axes", tensor_layout))
+        unknown = [a for a in axes if a is not None and a not in renamed]
+        if unknown:
+            raise RecipeError(
+                f"runtime.layout (a Keras LayoutMap), entry {key!r}, names axis {unknown[0]!r}; its device_mesh has "
+                f"{', '.join(map(repr, names))}. Fix: use one of those (or None) per dimension."
+            )
+        layout[key] = tuple(None if a is None else renamed[a] for a in axes)
+    shown = ", ".join(f"{name!r} -> {renamed[name]}" for name in names)
+    if call is not None:
+        return (
+            layout,
+            mesh,
+            (
+                f"tpukit: runtime.layout: {call} gave a LayoutMap of {len(layout)} entries (axes {shown}); "
+                "runtime.mesh sizes the mesh"
+            ),
+        )
+    sizes = {renamed[name]: size for name, size in zip(names, shape, strict=True)}
+    sizes = {"data": sizes.get("data", 1), "model": sizes.get("model", 1)}
+    stated = {} if mesh == "auto" else {k: v for k, v in dict(mesh).items() if v != "auto"}
+    conflict = {k: v for k, v in stated.items() if k in sizes and v != sizes[k]}
+    if conflict:
+        raise RecipeError(
+            f"runtime.mesh {_yaml_map(stated)} conflicts with the device_mesh of the Keras LayoutMap in "
+            f"runtime.layout (shape {shape}, axes {names}: {_yaml_map(sizes)}). Fix: leave runtime.mesh out (the "
+            "LayoutMap's mesh is used), or build the LayoutMap on a DeviceMesh of the sizes you want."
+        )
+    return (
+        layout,
+        {**dict(mesh if mesh != "auto" else {}), **sizes},
+        (
+            f"tpukit: runtime.layout is a Keras LayoutMap of {len(layout)} entries on a DeviceMesh of shape {shape} "
+            f"(axes {shown}): the mesh is data {sizes['data']} x model {sizes['model']}"
+        ),
+    )
+
+
+def is_layout_map(value: Any) -> bool:
+    """Whether `value` is a Keras `LayoutMap` (a mapping with a `device_mesh`; not a plain dict), told apart
+    without importing Keras (the backend is fixed at its first import)."""
+    return (
+        isinstance(value, collections.abc.Mapping)
+        and not isinstance(value, dict)
+        and hasattr(value, "device_mesh")
+    )
+
+
+def _axis_mapping(names: list[str], shape: tuple[int, ...]) -> dict[str, str]:
+    """{a Keras mesh's axis name: tpukit's axis}: `data` or `batch` is the data axis, the other the model axis."""
+    data = [name for name in names if name in DATA_AXIS_NAMES]
+    others = [name for name in names if name not in DATA_AXIS_NAMES]
+    if len(names) > 2 or len(data) > 1 or (len(names) == 2 and not data):
+        why = (
+            f"tpukit's mesh has two axes, this one {len(names)}"
+            if len(names) > 2
+            else f"both {data[0]!r} and {data[1]!r} name a data-parallel axis"
+            if len(data) > 1
+            else f"neither is named {' or '.join(DATA_AXIS_NAMES)}, which is how tpukit finds the data-parallel axis"
+        )
+        raise RecipeError(
+            f"runtime.layout: the Keras LayoutMap's device_mesh has axes {names} (shape {tuple(shape)}); {why}. "
+            f"Fix: a DeviceMesh with a data-parallel axis named data or batch and one other (model) axis, e.g. "
+            'DeviceMesh(shape=(2, 4), axis_names=["data", "model"]).'
+        )
+    return {**{name: "data" for name in data}, **{name: "model" for name in others}}
+
+
+def _called(builder, mesh) -> tuple[Any, str]:
+    """`builder(DeviceMesh)`'s LayoutMap (see `from_keras`), and the call as a log line shows it."""
+    import keras
+    import numpy as np
+
+    sizes = {} if mesh == "auto" else dict(mesh)
+    shape = (
+        sizes.get("data") if isinstance(sizes.get("data"), int) else 1,
+        sizes.get("model") if isinstance(sizes.get("model"), int) else 1,
+    )
+    device_mesh = keras.distribution.DeviceMesh(
+        shape, ["data", "model"], devices=np.array([f"device{i}" for i in range(math.prod(shape))])
+    )
+    try:
+        parameters = inspect.signature(builder).parameters
+    except (TypeError, ValueError):
+        parameters = {}
+    names = {"data_parallel_dim_name": "data", "model_parallel_dim_name": "model"}
+    kwargs = {k: v for k, v in names.items() if k in parameters}
+    name = getattr(builder, "__qualname__", None) or type(builder).__name__
+    call = (
+        f"{name}(DeviceMesh({shape}, ['data', 'model'])"
+        + "".join(f", {k}={v!r}" for k, v in kwargs.items())
+        + ")"
+    )
+    try:
+        built = builder(device_mesh, **kwargs)
+    except Exception as error:  # noqa: BLE001 - the builder is the user's: its error, named and explained
+        raise RecipeError(
+            f"runtime.layout: calling {call} raised {type(error).__name__}: {error}. tpukit calls a layout "
+            "builder with its own mesh, whose axes are named data and model. Fix: pass the LayoutMap itself "
+            "(layout=builder(your_mesh)), or a builder that takes those axis names."
+        ) from None
+    if not is_layout_map(built):
+        raise RecipeError(
+            f"runtime.layout: {call} returned a {type(built).__name__}, not a keras.distribution.LayoutMap. Fix: "
+            "pass a LayoutMap, a builder returning one (e.g. keras_hub.models.GemmaBackbone.get_layout_map), or "
+            "a {regex: [axis or null per dimension]} mapping."
+        )
+    return built, call
+
+
+def _yaml_map(mapping: dict) -> str:
+    return "{" + ", ".join(f"{k}: {v}" for k, v in mapping.items()) + "}"
 
 
 def _yaml(axes) -> str:

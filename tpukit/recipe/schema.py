@@ -17,6 +17,7 @@ import dataclasses
 import difflib
 import functools
 import inspect
+import logging
 import math
 import re
 import reprlib
@@ -213,13 +214,16 @@ class RuntimeConfig:
     # tpukit.use_engine("auto") (or "jax") before anything imports Keras.
     engine: Literal["auto", "tensorflow", "jax"] = "auto"
     # The device mesh: `data` devices split the batch, `model` devices split each sharded weight (the jax engine
-    # only). data: auto = every device not on the model axis. `mesh: auto` is {data: auto, model: 1}.
-    mesh: dict[str, Any] | Literal["auto"] = dataclasses.field(
-        default_factory=lambda: {"data": "auto", "model": 1}
-    )
-    # Which weights shard on the `model` axis: {regex matched whole against a variable's path: [an axis name or null
-    # per dimension]}, e.g. {".*mlp_in/kernel": [null, model]}. null: the built-in model's default layout (a model
-    # without one stays replicated). Every entry must match a variable.
+    # only). data: auto = every device not on the model axis. `mesh: auto` (the default) is {data: auto, model: 1},
+    # or the device_mesh of a Keras LayoutMap in runtime.layout.
+    mesh: dict[str, Any] | Literal["auto"] = "auto"
+    # Which weights shard on the `model` axis (the jax engine only): {key: [an axis name or null per dimension]},
+    # e.g. {".*mlp_in/kernel": [null, model]}, keys matched as Keras' LayoutMap matches them (the key equal to a
+    # variable's path, else each key as a regex matched whole); a key `<layer path>/output` lays out that layer's
+    # output. From Python also a keras.distribution.LayoutMap (its axes data or batch -> data, the other -> model;
+    # its device_mesh sizes runtime.mesh) or a builder of one (KerasHub's `GemmaBackbone.get_layout_map`; tpukit
+    # calls it with its mesh). null: the built-in model's default layout (a model without one stays replicated).
+    # Every entry must match a variable or a layer's output (tpukit.planner.layouts).
     layout: dict[str, Any] | None = None
 
     def __post_init__(self):
@@ -808,6 +812,7 @@ def _check_own_optimizer(config: TrainConfig) -> None:
 
 
 def _validate_runtime(config: RuntimeConfig) -> None:
+    _keras_layout(config)
     _check_fields(config, "runtime")
     _resolve_conditional(config, "runtime")
     if config.steps_per_execution != "auto":
@@ -847,6 +852,24 @@ def _validate_runtime(config: RuntimeConfig) -> None:
 
 
 MESH_AXES = ("data", "model")
+
+
+def _keras_layout(config: RuntimeConfig) -> None:
+    """A Keras `LayoutMap` (or a builder of one) in `runtime.layout` as plain data, its mesh in `runtime.mesh`
+    (`tpukit.planner.layouts.from_keras`), so the recipe stays YAML; the axis mapping is logged once."""
+    if config.layout is None or isinstance(config.layout, dict):
+        return
+    from tpukit.planner.layouts import from_keras
+
+    converted = from_keras(config.layout, config.mesh)
+    if converted is None:
+        raise RecipeError(
+            f"runtime.layout must be a mapping {{regex: [axis or null per dimension]}}, a "
+            f"keras.distribution.LayoutMap or a builder of one, or null; received {_show(config.layout)}. Fix: e.g. "
+            '{".*mlp_in/kernel": [null, model]}, or layout=keras_hub.models.GemmaBackbone.get_layout_map.'
+        )
+    config.layout, config.mesh, line = converted
+    logging.getLogger("tpukit").info("%s", line)
 
 
 def _layout_axes(pattern: Any, axes: Any) -> tuple[str | None, ...]:

@@ -125,3 +125,13 @@ def start_backends_quietly() -> bool:
     with quiet.start_up():
         jax.devices()
     return True
+
+
+def layer_paths(model) -> list[str]:
+    """The path of every layer in `model` (itself and nested ones, which `model.layers` does not list): a layout
+    key `<layer path>/output` lays out that layer's output (Keras' `Layer.__call__` asks the distribution's
+    `get_tensor_layout` for `current_path() + "/output"`). Keras 3 has no public recursive listing:
+    `Layer._flatten_layers` (keras/src/layers/layer.py) is what `Layer.summary` walks; a layer not built yet has no
+    path. Tested: Keras 3.15.x."""
+    layers = model._flatten_layers(include_self=True, recursive=True)
+    return [layer.path for layer in layers if getattr(layer, "path", None)]

@@ -29,7 +29,7 @@ import tensorflow as tf
 
 from tpukit import planner, task
 from tpukit.engines.jax import checkpoint as checkpoint_lib
-from tpukit.engines.jax import compilation_cache, cpu, peers
+from tpukit.engines.jax import compat, compilation_cache, cpu, peers
 from tpukit.engines.jax.saved_model import SavedModelExport
 from tpukit.engines.keras import callbacks as callbacks_lib
 from tpukit.engines.keras import export as export_lib
@@ -222,11 +222,16 @@ def checkpoints(checkpoint_dir: str, checkpoint: str | None) -> CheckpointFacts:
 
 
 class _Distribution(keras.distribution.ModelParallel):
-    """`ModelParallel` whose variable layouts come from a checked `tpukit.planner.layouts.Layouts`."""
+    """`ModelParallel` whose variable layouts come from a checked `tpukit.planner.layouts.Layouts`, and whose
+    Keras `LayoutMap` holds the same entries, so that Keras' own `get_tensor_layout` lays out the layer outputs
+    (activations) that an entry such as `d2/output` names, as plain Keras' `ModelParallel` does."""
 
     def __init__(self, device_mesh, layouts: Layouts, multi_process: bool):
+        layout_map = keras.distribution.LayoutMap(device_mesh)
+        for pattern, axes in layouts.layout.items():
+            layout_map[pattern] = tuple(axes)
         super().__init__(
-            layout_map=keras.distribution.LayoutMap(device_mesh),
+            layout_map=layout_map,
             batch_dim_name="data",
             auto_shard_dataset=False,  # each process reads its own shard (see the module docstring)
         )
@@ -238,6 +243,17 @@ class _Distribution(keras.distribution.ModelParallel):
             return variable._layout
         axes = self.layouts.axes_for(variable.path, tuple(variable.shape))
         return keras.distribution.TensorLayout(list(axes), self.device_mesh)
+
+    def get_tensor_layout(self, path):
+        layout = super().get_tensor_layout(path)  # Keras' LayoutMap lookup: `<layer path>/output`
+        if layout is not None:
+            self.layouts.output_seen(path)
+        return layout
+
+
+def check_layouts(layouts: Layouts, model) -> None:
+    """Every entry of the layout matches a variable of `model` or a layer's output (`Layouts.check_matched`)."""
+    layouts.check_matched([v.path for v in model.weights], compat.layer_paths(model))
 
 
 def _layouts(settings: RunSettings, mesh: Mesh) -> Layouts:
@@ -318,7 +334,7 @@ def _compiled(
     if not mesh:  # the layout is checked against every variable all the same
         for variable in model.weights:
             distribution.layouts.axes_for(variable.path, tuple(variable.shape))
-    distribution.layouts.check_matched([v.path for v in model.weights])
+    check_layouts(distribution.layouts, model)
     return model
 
 
@@ -392,18 +408,22 @@ def _build(the_plan: Plan, saved_model: SavedModelExport | None) -> Session:
     # fit, evaluate and save read it; `explained` restores. One device in one process: none (see `_needs_mesh`).
     keras.distribution.set_distribution(distribution if _needs_mesh(mesh) else None)
     sharded = distribution.layouts.sharded()
+    outputs = distribution.layouts.outputs()
     logger.info(
-        "tpukit plan: mesh data %d x model %d over %d %s device(s) in %d process(es); %s",
+        "tpukit plan: mesh data %d x model %d over %d %s device(s) in %d process(es); %s%s",
         mesh.data,
         mesh.model,
         len(mesh.devices),
         mesh.devices[0].platform,
         mesh.processes,
-        f"{len(sharded)} variable(s) split on the model axis ({distribution.layouts.source}): "
+        f"{len(sharded)} variable(s) split on the mesh ({distribution.layouts.source}): "
         + ", ".join(f"{p} {a}" for p, a in list(sharded.items())[:6])
         + (", ..." if len(sharded) > 6 else "")
         if sharded
         else "every variable whole on every device",
+        f"; layer outputs laid out: {', '.join(f'{p} {a}' for p, a in outputs.items())}"
+        if outputs
+        else "",
     )
     _check_shared(the_plan)
     checkpointer = checkpoint_lib.Checkpointer(

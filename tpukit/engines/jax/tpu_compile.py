@@ -142,7 +142,7 @@ def abstract_step(
     except ValueError as error:  # builder or optimizer arguments that do not fit together
         raise RecipeError(f"{recipe.path}: {error}") from None
     model_ = built["model"]
-    distribution.layouts.check_matched([v.path for v in model_.weights])
+    engine.check_layouts(distribution.layouts, model_)
     replicated = jax.sharding.NamedSharding(jax_mesh, jax.sharding.PartitionSpec())
     batch_sharding = jax.sharding.NamedSharding(jax_mesh, jax.sharding.PartitionSpec("data"))
 
