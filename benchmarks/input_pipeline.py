@@ -4,6 +4,7 @@ Run by hand (not a test):
 
     python benchmarks/input_pipeline.py              # every case whose model exists in tpukit.models.MODELS
     python benchmarks/input_pipeline.py --seconds 3  # longer timing windows
+    python benchmarks/input_pipeline.py --quick      # every case, small: that it runs (tests/test_benchmarks_run.py)
 
 Each case builds its pipeline exactly as `tpukit.run` does (recipe -> `input_fns`, default knobs) and times
 batches drawn from it; the model's train step is timed separately on one fixed batch held in memory, compiled as
@@ -61,14 +62,19 @@ def write_jpeg_tfrecords(
     return os.path.join(directory, "{split}-*")
 
 
-def cases(root: str) -> list[tuple[str, dict]]:
-    """(name, recipe) pairs: real recipes' data sections with default pipeline knobs."""
+def cases(root: str, quick: bool = False) -> list[tuple[str, dict]]:
+    """(name, recipe) pairs: real recipes' data sections with default pipeline knobs. Only training is timed, so
+    no recipe has an eval split (tpukit reads an eval split's labels when it builds the model). `quick`: fewer
+    files, small batches and models, 32 px for the ResNet-50 case: every path runs, in seconds."""
     cifar = os.path.join(root, "cifar")
     imagenet = os.path.join(root, "imagenet")
     os.makedirs(cifar, exist_ok=True)
     os.makedirs(imagenet, exist_ok=True)
-    cifar_pattern = write_jpeg_tfrecords(cifar, "train", 8, 512, (32, 32))
-    imagenet_pattern = write_jpeg_tfrecords(imagenet, "train", 8, 48, (375, 500))
+    files, per_file = (2, 64) if quick else (8, 512)
+    cifar_pattern = write_jpeg_tfrecords(cifar, "train", files, per_file, (32, 32))
+    imagenet_pattern = write_jpeg_tfrecords(
+        imagenet, "train", files, 8 if quick else 48, (375, 500)
+    )
     train = {"epochs": 1, "learning_rate": 0.01}
     cifar_data = {
         "source": "tfrecord_images",
@@ -77,42 +83,57 @@ def cases(root: str) -> list[tuple[str, dict]]:
         "augment": "crop_flip",
         "normalize": "unit",
         "label_offset": -1,
+        "eval_split": None,
     }
-    lm_data = {"source": "text_files", "sequence_length": 128}
+    lm_data = {"source": "text_files", "sequence_length": 128, "eval_split": None}
+    small = 16 if quick else None  # the quick size's global batch, for every case
+    imagenet_size = [32, 32] if quick else [224, 224]
+    depth = 8 if quick else 20
     return [
         (
             "digits -> small_cnn",
             {
                 "model": {"name": "small_cnn", "input_shape": [8, 8, 1]},
-                "data": {"source": "digits", "global_batch_size": 64, "shuffle_buffer": 2048},
+                "data": {
+                    "source": "digits",
+                    "global_batch_size": small or 64,
+                    "shuffle_buffer": 2048,
+                    "eval_split": None,
+                },
                 "train": train,
             },
         ),
         (
-            "tfrecord 32px jpeg -> resnet_cifar(20)",
+            f"tfrecord 32px jpeg -> resnet_cifar({depth})",
             {
-                "model": {"name": "resnet_cifar", "depth": 20},
-                "data": {**cifar_data, "global_batch_size": 128},
+                "model": {"name": "resnet_cifar", "depth": depth},
+                "data": {**cifar_data, "global_batch_size": small or 128},
                 "train": train,
             },
         ),
         (
             "tfrecord 32px jpeg -> vit",
             {
-                "model": {"name": "vit"},
-                "data": {**cifar_data, "global_batch_size": 128},
+                "model": {"name": "vit", **({"num_layers": 1} if quick else {})},
+                "data": {**cifar_data, "global_batch_size": small or 128},
                 "train": train,
             },
         ),
         (
-            "tfrecord 500x375 jpeg -> resnet50 @224",
+            f"tfrecord 500x375 jpeg -> resnet50 @{imagenet_size[0]}",
             {
-                "model": {"name": "resnet50", "num_classes": 10},
+                "model": {
+                    "name": "resnet50",
+                    "num_classes": 10,
+                    "input_shape": [*imagenet_size, 3],
+                },
                 "data": {
                     "source": "tfrecord_images",
                     "file_pattern": imagenet_pattern,
+                    "image_size": imagenet_size,
                     "label_offset": -1,
-                    "global_batch_size": 32,
+                    "global_batch_size": small or 32,
+                    "eval_split": None,
                 },
                 "train": train,
             },
@@ -121,7 +142,7 @@ def cases(root: str) -> list[tuple[str, dict]]:
             "text_files stdlib -> causal_lm",
             {
                 "model": {"name": "causal_lm", "vocab_size": 256, "sequence_length": 128},
-                "data": {**lm_data, "global_batch_size": 32},
+                "data": {**lm_data, "global_batch_size": small or 32},
                 "train": train,
             },
         ),
@@ -162,10 +183,16 @@ def step_rate(recipe, batch_tensors, batch: int, seconds: float) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=2.0, help="timing window per measurement")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="every case, small and with short windows: that it runs",
+    )
     args = parser.parse_args()
+    seconds = min(args.seconds, 0.2) if args.quick else args.seconds
     rows = []
     with tempfile.TemporaryDirectory() as root:
-        for name, raw in cases(root):
+        for name, raw in cases(root, args.quick):
             if raw["model"]["name"] not in MODELS:
                 rows.append(
                     (name, None, None, f"model {raw['model']['name']!r} not in MODELS: skipped")
@@ -174,8 +201,8 @@ def main() -> None:
             recipe = from_dict(raw, path=name)
             batch = recipe.data.global_batch_size
             train_fn, _ = input_fns(recipe, eval_examples=0)
-            pipe, first = pipeline_rate(train_fn(None), batch, args.seconds)
-            step = step_rate(recipe, first, batch, args.seconds)
+            pipe, first = pipeline_rate(train_fn(None), batch, seconds)
+            step = step_rate(recipe, first, batch, seconds)
             rows.append((name, pipe, step, ""))
             print(f"{name}: pipeline {pipe:,.0f}/s, train step {step:,.0f}/s", flush=True)
     print()

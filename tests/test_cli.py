@@ -14,10 +14,11 @@ import tempfile
 import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
-from helpers import RECIPES, REPO
+import yaml
+from helpers import RECIPES, REPO, digits_recipe
 
 from tpukit import cli
-from tpukit.recipe import packaged_recipes
+from tpukit.recipe import load_recipe, packaged_recipes
 
 # What `pip install` put beside this venv's python (setup.cfg's console_scripts).
 SCRIPT = os.path.join(os.path.dirname(sys.executable), "tpukit")
@@ -295,6 +296,69 @@ def test_show_downloads_nothing_and_says_so_for_data_without_published_sizes(in_
     )
     assert "`tpukit show` downloads nothing" in captured.err and "Traceback" not in captured.err
     assert not data_dir.exists() and os.listdir(in_tmp) == []
+
+
+NAMED_CODE = """
+import pathlib
+pathlib.Path("MARKER").write_text("imported")  # import-time code
+
+
+def build(num_classes: int = 10, input_shape: tuple[int, ...] = (8, 8, 1)):
+    pathlib.Path("BUILT").write_text("called")
+
+
+def source(split="train", input_context=None, size: int = 4):
+    pathlib.Path("READ").write_text("called")
+"""
+
+
+def _recipe_naming_code(directory, data="digits"):
+    (directory / "show_named_code.py").write_text(NAMED_CODE)
+    recipe = digits_recipe()
+    recipe["model"] = {"name": "show_named_code:build", "input_shape": [8, 8, 1]}
+    recipe["data"]["source"] = data
+    (directory / "r.yaml").write_text(yaml.safe_dump(recipe))
+    return str(directory / "r.yaml")
+
+
+@pytest.mark.parametrize("data", ["digits", "show_named_code:source"])
+def test_show_imports_and_runs_no_code_the_recipe_names(in_tmp, capsys, monkeypatch, data):
+    monkeypatch.syspath_prepend(
+        str(in_tmp)
+    )  # as `python -m tpukit` from this directory: importable
+    monkeypatch.delitem(sys.modules, "show_named_code", raising=False)
+    recipe = _recipe_naming_code(in_tmp, data)
+    status = cli.main(["show", recipe, "--set", "data.size=8"] if ":" in data else ["show", recipe])
+    out = capsys.readouterr().out
+    assert status == 0
+    assert sorted(os.listdir(in_tmp)) == ["r.yaml", "show_named_code.py"]  # no MARKER, BUILT, READ
+    assert "show_named_code" not in sys.modules
+    assert "name: show_named_code:build" in out and "- 8" in out  # shown as written
+    assert (
+        "tpukit show: model.name='show_named_code:build' is code the recipe names; show does not import it"
+        in out
+    )
+    if ":" in data:  # the plan counts the source's examples: not made, and show says why
+        assert "tpukit show: data.source='show_named_code:source' is code the recipe names" in out
+        assert (
+            "tpukit show: no plan: making it would call data.source='show_named_code:source', code (module "
+            "'show_named_code') that `tpukit show` does not import or run" in out
+        )
+    else:
+        assert "tpukit plan: global batch" in out
+    from tpukit.data import SOURCES
+    from tpukit.models import MODELS
+
+    assert "show_named_code:build" not in MODELS and "show_named_code:source" not in SOURCES
+
+
+def test_loading_a_recipe_as_check_and_train_do_runs_the_module_it_names(in_tmp, monkeypatch):
+    """The control for the test above: the module's import-time code does run when the recipe is loaded."""
+    monkeypatch.syspath_prepend(str(in_tmp))
+    monkeypatch.delitem(sys.modules, "show_named_code", raising=False)
+    load_recipe(_recipe_naming_code(in_tmp))
+    assert (in_tmp / "MARKER").read_text() == "imported"
+    sys.modules.pop("show_named_code", None)
 
 
 # ---- recipes -------------------------------------------------------------------------------------------------------

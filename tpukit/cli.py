@@ -259,8 +259,7 @@ def _show_parser(prog: str = "tpukit show") -> argparse.ArgumentParser:
 def show_main(argv: list[str], prog: str = "tpukit show") -> int:
     """Prints the resolved recipe and the plan `tpukit train` would make with the same arguments; writes nothing."""
     from tpukit.environment.backend import use_engine
-    from tpukit.recipe import RecipeError, load_recipe, raw_recipe, recipe_text
-    from tpukit.recipe.catalogue import placeholder_error, recipe_name
+    from tpukit.recipe import RecipeError, raw_recipe, registry
     from tpukit.recipe.loading import requested_runtime
     from tpukit.tools import start_tool
 
@@ -268,13 +267,12 @@ def show_main(argv: list[str], prog: str = "tpukit show") -> int:
     # As train: --tpu quoted (JSON is YAML), so that a TPU named `yes` or `1234` stays a name.
     overrides = list(args.set) + ([f"runtime.tpu={json.dumps(args.tpu)}"] if args.tpu else [])
     try:
-        raw_recipe(args.recipe, overrides)  # the quick refusals, before TensorFlow loads
+        _, raw = raw_recipe(args.recipe, overrides)  # the quick refusals, before TensorFlow loads
         engine = use_engine(*requested_runtime(args.recipe, overrides))
         if engine == "jax":
             # Nothing is compiled: no compilation cache directory to make (tpukit.engines.jax.compilation_cache).
             os.environ["TPUKIT_JAX_COMPILATION_CACHE"] = "0"
         problem = start_tool(engine)
-        recipe = None if problem else load_recipe(args.recipe, overrides)
     except RecipeError as error:
         print(f"tpukit: error: {error}", file=sys.stderr)
         return EXIT_USAGE
@@ -283,7 +281,29 @@ def show_main(argv: list[str], prog: str = "tpukit show") -> int:
     if problem:
         print(f"tpukit: error: {problem}", file=sys.stderr)
         return 1
+    try:
+        # A `module:function` the recipe names is not imported: its module's top-level code would run.
+        with registry.stand_ins(raw) as not_imported:
+            return _show(args, argv, overrides, not_imported)
+    except RecipeError as error:
+        print(f"tpukit: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _show(args, argv: list[str], overrides: list[str], not_imported: list[str]) -> int:
+    """`show` once the engine is started: the recipe (its named code not imported), then the plan."""
+    from tpukit.recipe import load_recipe, recipe_text
+    from tpukit.recipe.catalogue import placeholder_error, recipe_name
+
+    recipe = load_recipe(args.recipe, overrides)
     print(recipe_text(recipe))
+    for key in not_imported:
+        name = recipe.model.name if key == "model.name" else recipe.data.source
+        print(
+            f"tpukit show: {key}={name!r} is code the recipe names; show does not import it (its module's code "
+            "would run), so its arguments are shown as written, unchecked. `tpukit check` and `tpukit train` "
+            "import it."
+        )
     placeholder = placeholder_error(recipe)
     if placeholder:  # the recipe is shown; its plan needs the data
         print(f"tpukit: error: {placeholder}", file=sys.stderr)
@@ -319,9 +339,10 @@ def _plan_text(recipe, mode, output_dir, checkpoint, accepted) -> tuple[int, str
     from tpukit.data import DataUnavailableError
     from tpukit.engines.tensorflow.strategy import ClusterUnreachableError, TPUConnectionError
     from tpukit.environment import diagnose
-    from tpukit.recipe import RecipeError
+    from tpukit.recipe import RecipeError, registry
+    from tpukit.tools.offline import not_downloaded, without_downloads
 
-    offline, switched = _without_downloads(recipe)
+    offline, switched = without_downloads(recipe)
     said = _Said()
     logging.getLogger("tpukit").addHandler(said)
     try:
@@ -330,9 +351,12 @@ def _plan_text(recipe, mode, output_dir, checkpoint, accepted) -> tuple[int, str
         return EXIT_USAGE, f"tpukit: error: {error}"
     except (DataUnavailableError, TPUConnectionError, ClusterUnreachableError) as error:
         return 1, f"tpukit: error: {error}"
+    except registry.NotImportedError as error:
+        # The plan needs what the named code computes (the examples a source yields): not shown, as promised.
+        return 0, f"tpukit show: no plan: making it would call {error}"
     except AssertionError as error:
         # TFDS' answer when the dataset is not prepared here (and show downloads nothing).
-        if "could not find data" not in str(error):
+        if not not_downloaded(error):
             raise
         with said.no_repeats():
             try:
@@ -424,30 +448,15 @@ def _plan_with_published_sizes(recipe, mode, output_dir, checkpoint, accepted, s
 
     The counts are the catalogue's; the label checks run on examples TFDS generates from the dataset's feature spec
     (`tfds.testing.mock_data`), so the task and the shapes are the real ones and nothing is read or written."""
-    import tensorflow_datasets as tfds
-
-    from tpukit import data
+    from tpukit.tools import offline
 
     config = recipe.data
-    published = _published_sizes(config)
+    published = offline.published_sizes(config)
     splits = [config.train_split] + ([config.eval_split] if config.eval_split else [])
     if published is None or any(published.size(s, **config.options) is None for s in splits):
         return None
-    counted = data.EXAMPLE_COUNTS.get(config.source)
-    data.EXAMPLE_COUNTS[config.source] = published.size
-    absl_logger = logging.getLogger("absl")
-    level = absl_logger.level
-    # TFDS' mock warns once per feature that `TensorInfo.dtype` is deprecated: its own internals, not the user's.
-    absl_logger.setLevel(logging.ERROR)
-    try:
-        with tfds.testing.mock_data(num_examples=64):
-            the_plan = _planned(recipe, mode, output_dir, checkpoint, accepted, switched)
-    finally:
-        if counted is None:
-            del data.EXAMPLE_COUNTS[config.source]
-        else:
-            data.EXAMPLE_COUNTS[config.source] = counted
-        absl_logger.setLevel(level)
+    with offline.catalogue_data(config):
+        the_plan = _planned(recipe, mode, output_dir, checkpoint, accepted, switched)
     about = "~" if published.note else ""
     sizes = ", ".join(f"{s} {about}{published.size(s, **config.options):,}" for s in splits)
     return 0, (
@@ -455,50 +464,6 @@ def _plan_with_published_sizes(recipe, mode, output_dir, checkpoint, accepted, s
         f"catalogue publishes ({sizes}{published.note}) and checks the labels on examples generated from its "
         "feature spec; `tpukit train` downloads the data and counts it.\n" + the_plan.describe()
     )
-
-
-@dataclasses.dataclass(frozen=True)
-class _Published:
-    """A dataset's split sizes from what its catalogue publishes: `size(split, **source options)`, None where not
-    known; `note` says why they are approximate ("" where exact)."""
-
-    name: str
-    size: Callable[..., int | None]
-    note: str = ""
-
-
-def _published_sizes(config) -> _Published | None:
-    from tpukit.data import movielens
-    from tpukit.data import tfds as tfds_source
-
-    if config.source == "tfds":
-        name = config.options.get("name", "")
-        return _Published(name, lambda split, **_: tfds_source.published_split_size(name, split))
-    if config.source == "movielens":
-        variant = config.options.get("variant", "100k-ratings")
-        total = movielens.PUBLISHED_RATINGS.get(variant, 0)
-        note = (
-            f": test_fraction of its {total:,} ratings; the exact split, by a hash of user and movie, "
-            "needs the data"
-        )
-        return _Published(f"movielens/{variant}", movielens.published_split_size, note)
-    return None
-
-
-def _without_downloads(recipe):
-    """(`recipe` with `download: false` for a source that downloads (TFDS, movielens), the keys so changed). `show`
-    counts the data that is here and fetches none."""
-    import inspect
-
-    from tpukit.data import SOURCES
-    from tpukit.recipe import registry
-
-    source = registry.lookup(SOURCES, recipe.data.source, "data.source")
-    options = recipe.data.options
-    if "download" not in inspect.signature(source).parameters or options.get("download") is False:
-        return recipe, []
-    data = dataclasses.replace(recipe.data, options={**options, "download": False})
-    return dataclasses.replace(recipe, data=data), ["data.download"]
 
 
 # ---- the commands and their manual pages --------------------------------------------------------------------------

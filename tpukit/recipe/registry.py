@@ -12,14 +12,19 @@ and importable `module.path:function` names, which are imported and validated li
       source: my_package.data:my_source     # my_source(split, input_context=None, **options) -> tf.data.Dataset
 
 A builder's and a source's signature is its schema: recipe keys are checked against its parameters and annotations.
+Importing a `module:function` runs that module's code, as running a script would: `tpukit check` and `tpukit train`
+do; `tpukit show` does not (`stand_ins`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import difflib
 import importlib
+import inspect
 import reprlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 
@@ -62,6 +67,65 @@ def _import(name: str, key: str) -> Callable:
             f"{key}={name!r} is a {type(target).__name__}, not a function. Fix: name a function."
         )
     return target
+
+
+class NotImportedError(RuntimeError):
+    """A `module:function` that `stand_ins` stood in for was called: the code a recipe names is not run here."""
+
+
+def _stand_in(name: str, key: str, keys: list[str], positional: tuple[str, ...] = ()) -> Callable:
+    """A function that takes what the recipe passes to `name` (`positional`, then `keys` by keyword, untyped) and
+    raises `NotImportedError` when called; its module is not imported."""
+    kinds = [(k, inspect.Parameter.POSITIONAL_OR_KEYWORD) for k in positional] + [
+        (k, inspect.Parameter.KEYWORD_ONLY) for k in keys if k not in positional
+    ]
+
+    def not_imported(*args, **kwargs):
+        raise NotImportedError(
+            f"{key}={name!r}, code (module {name.partition(':')[0]!r}) that `tpukit show` does not import or run. "
+            "Fix: `tpukit check RECIPE` or `tpukit train RECIPE`, which import it."
+        )
+
+    not_imported.__signature__ = inspect.Signature(
+        [inspect.Parameter(k, kind, default=None) for k, kind in kinds]
+    )
+    not_imported.__name__ = not_imported.__qualname__ = name.rpartition(":")[2] or "not_imported"
+    return not_imported
+
+
+@contextlib.contextmanager
+def stand_ins(raw: Mapping[str, Any]) -> Iterator[list[str]]:
+    """Within: the `module:function` names of the raw recipe `raw` (`model.name`, `data.source`) that are not
+    registered stand for themselves without being imported, so that loading the recipe runs no code it names.
+    Yields the keys stood in for ("model.name", ...); their arguments are taken as written, unchecked.
+
+    `tpukit show` promises to run nothing: importing a module runs its top-level code.
+    """
+    from tpukit.data import SOURCE_RESERVED_ARGS, SOURCES
+    from tpukit.models import MODELS
+    from tpukit.recipe.schema import DataConfig, ModelConfig
+
+    added: list[tuple[dict, str]] = []
+    keys: list[str] = []
+    for section, registry, config, positional in (
+        ("model", MODELS, ModelConfig, ()),
+        ("data", SOURCES, DataConfig, SOURCE_RESERVED_ARGS[:2]),
+    ):
+        values = raw.get(section) if isinstance(raw, Mapping) else None
+        field = "name" if section == "model" else "source"
+        name = values.get(field) if isinstance(values, Mapping) else None
+        if not isinstance(name, str) or ":" not in name or name in registry:
+            continue
+        own = {f.name for f in dataclasses.fields(config)}
+        arguments = [k for k in values if isinstance(k, str) and k not in own]
+        registry[name] = _stand_in(name, f"{section}.{field}", arguments, positional)
+        added.append((registry, name))
+        keys.append(f"{section}.{field}")
+    try:
+        yield keys
+    finally:
+        for registry, name in added:
+            registry.pop(name, None)
 
 
 def _register(registry: dict[str, Callable], kind: str, name: str, fn: Callable | None):

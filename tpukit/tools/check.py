@@ -70,7 +70,7 @@ from tpukit.planner import hardware as performance
 from tpukit.planner.rules import PATH_SUFFIXES, Rule, Target, input_paths_rule  # noqa: F401
 from tpukit.recipe import Recipe, RecipeError, load_recipe, raw_recipe
 from tpukit.recipe.loading import requested_engine
-from tpukit.tools import start_tool
+from tpukit.tools import offline, start_tool
 
 RULES = (
     "static_shapes",
@@ -663,14 +663,24 @@ def _embeddings_verdict(
 # The check.
 
 
+# How long `check` waits for a remote path the recipe's data names to answer (a metadata call, under a second with
+# the network) before it says so, instead of waiting out TensorFlow's file-system retries.
+DATA_WAIT_SECONDS = 10.0
+
+
 class _Context:
-    """What several rules share: the target, the example counts, one core's batches and the built models."""
+    """What several rules share: the target, the example counts, one core's batches and the built models.
+
+    `check` downloads nothing: a TFDS (or movielens) dataset that is not here is checked on examples generated from
+    its feature spec, counted with the sizes its catalogue publishes (`note` says so), as `tpukit show` plans."""
 
     def __init__(self, recipe: Recipe, target: Target):
-        self.recipe = recipe
+        self.recipe, _ = offline.without_downloads(recipe)
         self.target = target
         self.counts: dict[str, int] = {}
         self.data_error: str | None = None
+        self.note: str | None = None  # the data is not here: what stands in for it
+        self.generated = 0  # examples per split generated in its place
         self._datasets: dict[tuple[str, str], Any] = {}
 
     def input_context(self):
@@ -682,16 +692,60 @@ class _Context:
             num_replicas_in_sync=self.target.cores,
         )
 
-    def count(self) -> None:
+    def count(self, stack: contextlib.ExitStack) -> None:
+        """The example counts; where the data is not here, the catalogue's (entered on `stack`, so that the
+        rules after read generated examples), else `data_error`."""
         from tpukit.task import count_examples
 
         config = self.recipe.data
         try:
+            _remote_data_answers(config)
             self.counts["train"] = count_examples(self.recipe, config.train_split)
             if config.eval_split:
                 self.counts["eval"] = count_examples(self.recipe, config.eval_split)
         except Exception as error:  # noqa: BLE001 - reported by the rules, never raised
-            self.data_error = _first_line(error)
+            self.counts = {}
+            if offline.published_sizes(config) is None or not (
+                offline.not_downloaded(error) or isinstance(error, offline.Unanswered)
+            ):
+                self.data_error = _first_line(error)
+                return
+            self._from_catalogue(stack, error)
+
+    def _from_catalogue(self, stack: contextlib.ExitStack, error: BaseException) -> None:
+        config = self.recipe.data
+        if isinstance(
+            error, offline.Unanswered
+        ):  # generated examples need no data_dir, which does not answer
+            options = {**config.options, "data_dir": None}
+            self.recipe = dataclasses.replace(
+                self.recipe, data=dataclasses.replace(config, options=options)
+            )
+            config = self.recipe.data
+        # One whole batch per core of each split, at least.
+        per_core = -(
+            -max(config.global_batch_size, eval_batch_size(self.recipe)) // self.target.cores
+        )
+        self.generated = max(64, per_core)
+        published = stack.enter_context(offline.catalogue_data(config, self.generated))
+        splits = {"train": config.train_split, "eval": config.eval_split}
+        for key, split in splits.items():
+            size = published.size(split, **config.options) if split else None
+            if size is not None:
+                self.counts[key] = size
+        known = ", ".join(f"{s} {self.counts[k]:,}" for k, s in splits.items() if k in self.counts)
+        why = (
+            "did not answer" if isinstance(error, offline.Unanswered) else "is not downloaded here"
+        )
+        self.note = (
+            f"{published.name!r} {why} and `tpukit check` downloads nothing: checked on examples generated from its "
+            f"feature spec (tfds.testing.mock_data), counted with "
+            + (
+                f"the split sizes its catalogue publishes ({known})"
+                if known
+                else "no split size (unpublished)"
+            )
+        )
 
     def datasets(self, policy: str) -> dict[str, Any]:
         """{"train": ..., "eval": ...} as one core's pipeline gives them under dtype policy `policy`."""
@@ -706,8 +760,10 @@ class _Context:
                     continue
                 with dtype_policy(policy):
                     # The pipelines read the global policy for the feature dtype (bfloat16 infeed).
+                    # Generated examples: the pipelines count what they read.
+                    eval_examples = self.generated or self.counts.get("eval", 0)
                     train_fn, eval_fn = task.input_fns(
-                        self.recipe, self.counts.get("eval", 0), self.recipe.train.steps_per_epoch
+                        self.recipe, eval_examples, self.recipe.train.steps_per_epoch
                     )
                     context = self.input_context()
                     self._datasets[key] = (
@@ -715,6 +771,30 @@ class _Context:
                     )
             found[split] = self._datasets[key]
         return found
+
+
+def _remote_data_answers(config) -> None:
+    """Raises `offline.Unanswered` when a remote path the data section names (`gs://...`) does not answer within
+    `DATA_WAIT_SECONDS`: with no network, TensorFlow's file system retries each read for minutes."""
+    import re
+
+    import tensorflow as tf
+
+    for key, value in sorted(config.options.items()):
+        if not (isinstance(value, str) and "://" in value):
+            continue
+        # The fixed part of a pattern: gs://bucket/imagenet/{split}-* -> gs://bucket/imagenet
+        fixed = re.split(r"[*?\[{]", value, maxsplit=1)[0].rsplit("/", 1)[0]
+        try:
+            offline.within(
+                DATA_WAIT_SECONDS, lambda p=fixed: tf.io.gfile.exists(p), f"data.{key}={value!r}"
+            )
+        except offline.Unanswered as error:
+            raise offline.Unanswered(
+                f"{error} (no network, or no access; TensorFlow's file system would retry for minutes)"
+            ) from None
+        except Exception:  # noqa: BLE001 - it answered (with an error): the source reports it with its fix
+            continue
 
 
 def _first_line(error: BaseException) -> str:
@@ -758,7 +838,10 @@ def static_shapes_rule(context: _Context) -> Rule:
             "batch with drop_remainder=True and pad or crop features to fixed sizes in the source "
             "(tpukit.data.training_batches / eval_batches do the batching)",
         )
-    return Rule("static_shapes", "pass", f"one core's batches are static: {', '.join(shapes)}.")
+    note = f" ({context.note}.)" if context.note else ""
+    return Rule(
+        "static_shapes", "pass", f"one core's batches are static: {', '.join(shapes)}.{note}"
+    )
 
 
 def _first_batch(dataset):
@@ -1102,10 +1185,23 @@ def check(
 
 def _check(recipe: Recipe, target: Target, wanted: tuple[str, ...]) -> list[Rule]:
     """`check` once its arguments are valid: the `wanted` rules for `target`, in the report's order."""
-    context = _Context(recipe, target)
-    needs_data = set(wanted) & {"static_shapes", "batch", "input_ops", "xla_step", "precision_step"}
-    if needs_data:
-        context.count()
+    with contextlib.ExitStack() as stack:
+        context = _Context(recipe, target)
+        needs_data = set(wanted) & {
+            "static_shapes",
+            "batch",
+            "input_ops",
+            "xla_step",
+            "precision_step",
+        }
+        if needs_data:
+            context.count(stack)
+        return _rules(recipe, context, wanted)
+
+
+def _rules(recipe: Recipe, context: _Context, wanted: tuple[str, ...]) -> list[Rule]:
+    """The `wanted` rules on `context` (its data counted), in the report's order."""
+    target = context.target
     results: dict[str, Rule] = {}
     model, policy = None, "float32"
     batch_target = target
@@ -1125,6 +1221,12 @@ def _check(recipe: Recipe, target: Target, wanted: tuple[str, ...]) -> list[Rule
         if context.data_error:
             results["input_ops"] = Rule(
                 "input_ops", "skip", f"the data could not be read: {context.data_error}"
+            )
+        elif (
+            context.note
+        ):  # TFDS' generated examples come from a from_generator: not the real pipeline's ops
+            results["input_ops"] = Rule(
+                "input_ops", "skip", "the data is not here: its generated stand-in has other ops."
             )
         else:
             try:
