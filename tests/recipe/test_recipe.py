@@ -50,7 +50,7 @@ def test_unknown_key_names_file_key_value_suggestion_and_valid_keys(tmp_path):
     assert message.startswith(f"{path}: unknown key train.epoch (received 3).")
     assert "Did you mean 'epochs'?" in message
     assert (
-        "Valid keys in train: baseline, decay_boundaries, decay_rate, early_stopping_metric"
+        "Valid keys in train: baseline, class_weight, decay_boundaries, decay_rate, early_stopping_metric"
         in message
     )
 
