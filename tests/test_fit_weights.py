@@ -11,6 +11,7 @@ import keras
 import numpy as np
 import pytest
 import weight_cases as cases
+from conftest import mirrored
 from helpers import run_jax_snippet
 
 import tpukit
@@ -53,7 +54,9 @@ print("RESULT " + json.dumps(result))
 
 @pytest.mark.integration
 def test_weights_and_the_compiled_loss_train_as_plain_keras_on_the_jax_engine():
-    result = run_jax_snippet(JAX_CHILD, "weights", timeout=600)
+    # Two CPU devices: each batch split over a data axis of 2, each eval batch padded per device.
+    flags = "--xla_force_host_platform_device_count=2"
+    result = run_jax_snippet(JAX_CHILD, "weights", timeout=600, XLA_FLAGS=flags)
     for case, found in result.items():
         assert found["status"] == "done", case
         np.testing.assert_allclose(found["tpukit"], found["plain"], rtol=1e-5, err_msg=case)
@@ -69,7 +72,8 @@ def _one_batch(path, loss, vx, vy, vw):
     return model.evaluate(vx, vy, sample_weight=vw, batch_size=len(vx), verbose=0, return_dict=True)
 
 
-def test_exact_evaluation_with_sample_weights_equals_one_batch_of_plain_keras(tmp_path):
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_exact_evaluation_with_sample_weights_equals_one_batch_of_plain_keras(tmp_path, replicas):
     x, y, w = cases.arrays(cases.N, 0)
     vx, vy, vw = cases.arrays(
         cases.EVAL_N, 1
@@ -84,6 +88,7 @@ def test_exact_evaluation_with_sample_weights_equals_one_batch_of_plain_keras(tm
         batch_size=cases.BATCH,
         learning_rate=0.01,
         output_dir=str(tmp_path / "own"),
+        strategy=mirrored(replicas) if replicas > 1 else None,
         verbose=0,
     )
     own_loss = keras.losses.SparseCategoricalCrossentropy(
@@ -105,6 +110,7 @@ def test_exact_evaluation_with_sample_weights_equals_one_batch_of_plain_keras(tm
         epochs=1,
         batch_size=cases.BATCH,
         output_dir=str(tmp_path / "compiled"),
+        strategy=mirrored(replicas) if replicas > 1 else None,
         verbose=0,
     )
     keras_loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)

@@ -84,6 +84,17 @@ def test_class_weights_become_per_example_weights_times_the_sample_weights():
     assert [
         e[2] for e in with_class_weights(one_hot, {2: 4.0}, one_hot=True).as_numpy_iterator()
     ] == [4.0, 1.0]
+    # Per-token sample weights (a padding mask) times one class weight per example, and per-token class ids.
+    tokens = tf.data.Dataset.from_tensor_slices(
+        (np.zeros((2, 1)), np.array([1, 0], "int32"), np.array([[1, 1, 0], [1, 0, 0]], "float32"))
+    )
+    weighted = [e[2].tolist() for e in with_class_weights(tokens, {1: 3.0}).as_numpy_iterator()]
+    assert weighted == [[3.0, 3.0, 0.0], [1.0, 0.0, 0.0]]
+    per_token = tf.data.Dataset.from_tensor_slices(
+        (np.zeros((1, 1)), np.array([[1, 0, 1]], "int32"), np.array([2.0], "float32"))
+    )
+    weighted = [e[2].tolist() for e in with_class_weights(per_token, {1: 3.0}).as_numpy_iterator()]
+    assert weighted == [[6.0, 2.0, 6.0]]
     # Keras rounds binary labels (a [1]-shaped 0/1 label) to the class id.
     binary = tf.data.Dataset.from_tensor_slices(
         (np.zeros((2, 1)), np.array([[1.0], [0.0]], "float32"))

@@ -513,8 +513,17 @@ def with_class_weights(
                 ids = tf.squeeze(ids, -1)
         known = (ids >= 0) & (ids < size)
         weight = tf.where(known, tf.gather(table, tf.clip_by_value(ids, 0, size - 1)), 1.0)
-        if given is not None:
-            weight = _times(weight[None], tf.convert_to_tensor(given)[None])[0]
+        if (
+            given is not None
+        ):  # one weight per example or per position, against the class weights' shape
+            given = tf.cast(given, tf.float32)
+            while given.shape.rank > weight.shape.rank and given.shape[-1] == 1:
+                given = tf.squeeze(given, -1)
+            low, high = sorted((weight, given), key=lambda t: t.shape.rank)
+            low = tf.reshape(
+                low, tf.concat([tf.shape(low), [1] * (high.shape.rank - low.shape.rank)], 0)
+            )
+            weight = low * high
         return features, label, weight
 
     return examples.map(weighted, num_parallel_calls=AUTOTUNE)

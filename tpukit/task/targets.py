@@ -11,18 +11,12 @@ pair, as AutoKeras' heads and Ludwig's output features do from the data:
 | 0/1 per class, shape `S + (C,)`       | C units, sigmoid/logits | multi_label               | binary cross-entropy    |
 | real numbers, the output's shape      | linear                  | regression                | mean squared error      |
 
-An output whose activation is softmax or sigmoid gives probabilities, any other gives logits (`from_logits`). Labels
-are paired with outputs as Keras pairs them: a dict by output name, a tuple or list in output order, a single
-tensor with a single output. Where the labels leave the task open (0/1 labels of a linear output could be binary
-logits or a regression) the rule above picks one and the log says which, with the `train.task` that changes it.
+Softmax or sigmoid outputs give probabilities, any other logits. Labels pair with outputs as Keras pairs them; where
+they leave the task open (0/1 labels of a linear output) the rule picks one and the log says which. A loss given
+(`train.loss`, the model's compile) states the task instead (`loss_task`): a regression loss means real targets
+whatever the activation, a cross-entropy its classification, a loss tpukit does not know no check (`custom`).
 
-A model compiled with a loss (or a `train.loss`) states its task by that loss (`loss_task`): a regression loss
-(mse, mae, huber, ...) means real-valued targets of the output's shape whatever its activation, a cross-entropy
-its classification; a loss tpukit does not know (your own) gets no target check at all (task `custom`): Keras
-reports what it cannot compute. Inference from the labels is only for a model nothing was compiled for.
-
-`decide` is pure (no TensorFlow): it takes `OutputFacts` and `LabelFacts` and returns a `Target` per output or
-raises `TargetError`, which `tpukit.task` turns into a RecipeError naming the recipe and the fix.
+`decide` is pure (no TensorFlow): `OutputFacts` and `LabelFacts` in, a `Target` per output or a `TargetError` out.
 """
 
 from __future__ import annotations
