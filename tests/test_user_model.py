@@ -448,7 +448,7 @@ def test_validation_split_cuts_where_keras_does():
     for total, fraction in ((5, 0.5), (12345, 0.1), (7, 0.3), (100, 0.25)):
         x = {"a": np.arange(total), "b": np.arange(total) * 2}
         y = np.arange(total) % 3
-        x_train, y_train, (x_val, y_val) = _split_off(x, y, fraction, None)
+        x_train, y_train, (x_val, y_val), _ = _split_off(x, y, fraction, None)
         (kx, ky, _), (vx, vy, _) = array_slicing.train_validation_split((x, y, None), fraction)
         assert len(y_train) == len(ky) and list(y_val) == list(vy), (total, fraction)
         assert list(x_train["b"]) == list(kx["b"]) and list(x_val["a"]) == list(vx["a"])

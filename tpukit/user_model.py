@@ -74,17 +74,17 @@ def _length(arrays, what: str) -> int:
     return lengths.pop()
 
 
-def _arrays_source(x, y, validation_data) -> Callable:
+def _arrays_source(x, y, validation_data, sample_weight=None) -> Callable:
     import numpy as np
 
     from tpukit import data
 
     def source(split: str = "train", input_context=None):
         if split == "train":
-            return data.arrays(x, y, input_context)
+            return data.arrays(x, y, input_context, sample_weight)
         if validation_data is None:
             raise ValueError(f"no data for split {split!r}: pass validation_data=(x, y)")
-        return data.arrays(*validation_data, input_context)
+        return data.arrays(*validation_data[:2], input_context, *validation_data[2:])
 
     def labels(split: str):
         """Every label of a split (the task and the label range are checked on all of them)."""
@@ -97,6 +97,52 @@ def _arrays_source(x, y, validation_data) -> Callable:
 
     source.tpukit_labels = labels
     return source
+
+
+def _checked_validation(validation_data):
+    """`validation_data` as Keras takes it: `(x, y)` or `(x, y, sample_weight)` (a trailing None dropped), or
+    True (split "validation" of `dataset_fn`), or None."""
+    if validation_data is None or validation_data is True:
+        return validation_data
+    if not isinstance(validation_data, (tuple, list)) or len(validation_data) not in (2, 3):
+        raise RecipeError(
+            f"tpukit.fit: validation_data must be (x_val, y_val) or (x_val, y_val, sample_weight_val), or True "
+            f"with dataset_fn; received a {type(validation_data).__name__}"
+            f"{f' of {len(validation_data)}' if isinstance(validation_data, (tuple, list)) else ''}. Fix: e.g. "
+            "validation_data=(x_test, y_test)."
+        )
+    validation_data = tuple(validation_data)
+    if len(validation_data) == 3 and validation_data[2] is None:
+        validation_data = validation_data[:2]
+    if _length(validation_data[0], "validation x") != _length(
+        validation_data[1], "validation y"
+    ) or (
+        len(validation_data) == 3
+        and _length(validation_data[2], "validation sample_weight")
+        != _length(validation_data[0], "validation x")
+    ):
+        raise RecipeError(
+            "tpukit.fit: validation_data's x, y (and sample weights) must hold the same number of examples. Fix: "
+            "pass the labels (and weights) of every validation example."
+        )
+    return validation_data
+
+
+def _class_weight(value) -> dict | None:
+    """`class_weight` as recipe data: {int class id: float weight} (NumPy scalars as Python numbers)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise RecipeError(
+            f"tpukit.fit: class_weight must be a dict of class id to weight, as in keras.Model.fit; received a "
+            f"{type(value).__name__}. Fix: e.g. class_weight={{0: 1.0, 1: 3.0}}."
+        )
+
+    def plain(number):
+        item = getattr(number, "item", None)
+        return item() if callable(item) else number
+
+    return {plain(k): plain(v) for k, v in value.items()}
 
 
 def _dataset_source(dataset_fn) -> Callable:
@@ -116,6 +162,8 @@ def fit(
     dataset_fn: Callable | None = None,
     validation_data: tuple | None = None,
     validation_split: float | None = None,
+    sample_weight=None,
+    class_weight: dict | None = None,
     epochs: int,
     batch_size: int,
     output_dir: str,
@@ -137,11 +185,17 @@ def fit(
             if any, take their defaults). It may compile the model: its loss, metrics and optimizer are kept.
         x, y: training arrays (Keras-style: a dict of arrays by input or output name, or a tuple, for several),
             or None with `dataset_fn`.
-        dataset_fn: `dataset_fn(split) -> tf.data.Dataset` of unbatched `(features, label)` for split "train" and,
-            with validation, "validation"; tpukit shards it per host, batches, shuffles and pads eval.
-        validation_data: `(x_val, y_val)` arrays, or True to read split "validation" from `dataset_fn`.
-        validation_split: as in `keras.Model.fit`: this fraction of `x` and `y`, their last examples (taken before
-            any shuffling), is the validation data. Arrays only; not with `validation_data`.
+        dataset_fn: `dataset_fn(split) -> tf.data.Dataset` of unbatched `(features, label)` or `(features, label,
+            sample_weight)` (a KerasHub preprocessor's output) for split "train" and, with validation, "validation";
+            tpukit shards it per host, batches, shuffles and pads eval.
+        validation_data: `(x_val, y_val)` or `(x_val, y_val, sample_weight_val)` arrays, or True to read split
+            "validation" from `dataset_fn`.
+        validation_split: as in `keras.Model.fit`: this fraction of `x`, `y` (and `sample_weight`), their last
+            examples (taken before any shuffling), is the validation data. Arrays only; not with `validation_data`.
+        sample_weight: as in `keras.Model.fit`: one weight per example of `x` (or per loss value, e.g. per token),
+            one array for every output or one per output (dict or tuple). Arrays only: a `dataset_fn` yields them.
+        class_weight: as in `keras.Model.fit`: {class id: weight} for one classification or binary output, per
+            example times its sample weight, if any (`train.class_weight`).
         epochs, batch_size: as in a recipe's `train.epochs` and `data.global_batch_size` (global).
         learning_rate: `train.learning_rate`; None: the optimizer `model_fn` compiled, else Adam at 0.001.
         loss, metrics, loss_weights: as in `keras.Model.compile` (names, or Keras objects and functions; a dict by
@@ -171,6 +225,8 @@ def fit(
         dataset_fn=dataset_fn,
         validation_data=validation_data,
         validation_split=validation_split,
+        sample_weight=sample_weight,
+        class_weight=class_weight,
         epochs=epochs,
         batch_size=batch_size,
         learning_rate=learning_rate,
@@ -199,6 +255,8 @@ def as_recipe(
     dataset_fn: Callable | None = None,
     validation_data: tuple | None = None,
     validation_split: float | None = None,
+    sample_weight=None,
+    class_weight: dict | None = None,
     epochs: int,
     batch_size: int,
     learning_rate: float | None = None,
@@ -233,14 +291,31 @@ def as_recipe(
             f"tpukit.fit: x and y must hold the same number of examples; received {_length(x, 'x')} in x and "
             f"{_length(y, 'y')} in y. Fix: pass the labels of every example of x."
         )
+    if sample_weight is not None and (
+        x is None or _length(sample_weight, "sample_weight") != _length(x, "x")
+    ):
+        raise RecipeError(
+            "tpukit.fit: sample_weight must hold one weight (or one row of weights) per example of x"
+            + (
+                "; with dataset_fn, yield (features, label, sample_weight) instead"
+                if x is None
+                else ""
+            )
+            + ". Fix: pass sample_weight with x and y, of the same length, as in keras.Model.fit."
+        )
+    validation_data = _checked_validation(validation_data)
     if validation_split is not None:
-        x, y, validation_data = _split_off(x, y, validation_split, validation_data)
+        x, y, validation_data, sample_weight = _split_off(
+            x, y, validation_split, validation_data, sample_weight
+        )
     name = (
         name
         or f"fit:{getattr(model_fn, '__module__', '')}.{getattr(model_fn, '__qualname__', 'model')}"
     )
     if dataset_fn is None:
-        source = _arrays_source(x, y, validation_data if validation_data is not True else None)
+        source = _arrays_source(
+            x, y, validation_data if validation_data is not True else None, sample_weight
+        )
     else:
         source = _dataset_source(dataset_fn)
     raw = {
@@ -256,6 +331,8 @@ def as_recipe(
     }
     for key, value in settings.items():
         raw[_section_of(key)][key] = value
+    if class_weight is not None:
+        raw["train"]["class_weight"] = _class_weight(class_weight)
     objects = {}
     for key, value in (("loss", loss), ("metrics", metrics), ("loss_weights", loss_weights)):
         if value is not None:
@@ -265,9 +342,9 @@ def as_recipe(
         yield from_dict(raw, f"tpukit.fit({name})")
 
 
-def _split_off(x, y, fraction, validation_data) -> tuple:
-    """`(x_train, y_train, (x_val, y_val))`: the last `fraction` of the examples held out, as Keras'
-    `validation_split` does (`split_at = floor(n * (1 - fraction))`, before shuffling: Keras 3.15's
+def _split_off(x, y, fraction, validation_data, sample_weight=None) -> tuple:
+    """`(x_train, y_train, (x_val, y_val[, w_val]), w_train)`: the last `fraction` of the examples (and of their
+    sample weights) held out, as Keras' `validation_split` does (`split_at = floor(n * (1 - fraction))`, before shuffling: Keras 3.15's
     `keras/src/trainers/data_adapters/array_slicing.py`, `train_validation_split`)."""
     import math
 
@@ -301,7 +378,10 @@ def _split_off(x, y, fraction, validation_data) -> tuple:
         return arrays[piece]
 
     head, tail = slice(None, split_at), slice(split_at, None)
-    return part(x, head), part(y, head), (part(x, tail), part(y, tail))
+    if sample_weight is None:
+        return part(x, head), part(y, head), (part(x, tail), part(y, tail)), None
+    held_out = (part(x, tail), part(y, tail), part(sample_weight, tail))
+    return part(x, head), part(y, head), held_out, part(sample_weight, head)
 
 
 def _by_name(name: str, key: str, value) -> tuple[Any, dict]:

@@ -49,7 +49,7 @@ def test_unknown_key_names_file_key_value_suggestion_and_valid_keys(tmp_path):
     message, path = load_error(tmp_path, raw)
     assert message.startswith(f"{path}: unknown key train.epoch (received 3).")
     assert "Did you mean 'epochs'?" in message
-    assert "Valid keys in train: baseline, " in message  # sorted
+    assert "Valid keys in train: baseline, class_weight, " in message  # sorted
     assert "decay_boundaries, decay_rate, early_stopping_metric" in message
 
 

@@ -187,7 +187,8 @@ def training_batches(
     """Shuffled, repeated, per-replica batches with `drop_remainder=True`, so every dimension is static.
 
     Args:
-        examples: this pipeline's shard (see `shard`) of unbatched `(features, label)`.
+        examples: this pipeline's shard (see `shard`) of unbatched `(features, label)` or `(features, label,
+            sample_weight)` (passed on to Keras as they are).
         global_batch_size: summed over all replicas; each batch here is the per-replica share.
         input_context: from `distribute_datasets_from_function`; None for one device.
         shuffle_buffer: examples in the shuffle buffer (1: no shuffle).
@@ -346,7 +347,9 @@ def eval_batches(
 ) -> tf.data.Dataset:
     """Per-replica `(features, label, weight)` batches that see every example exactly once, with static shapes.
 
-    Each pipeline appends zero-weight copies of a zero example after its shard and stops after the same number of
+    `examples` are `(features, label)` or `(features, label, sample_weight)`: the weight of a real example is its
+    sample weight (as Keras broadcasts it against the loss), of a padding example 0, so weighted metrics equal
+    plain Keras `evaluate` over the whole split in one batch. Each pipeline appends zero-weight copies of a zero example after its shard and stops after the same number of
     batches as every other pipeline, so metrics weighted by `weight` are exact and no replica waits for data.
     `num_examples` is the size of the whole split (all pipelines together); no pipeline's shard may hold more
     than `ceil(num_examples / num_input_pipelines)` examples, which example-level sharding (`shard`) guarantees.
@@ -400,18 +403,47 @@ def _weights_of(label, rank=None):
     return ones[(slice(None),) * (1 + rank) + (0,) * (label.shape.rank - 1 - rank)]
 
 
+def _times(ones, given):
+    """`ones` (the padding weight's shape) times the user's weight `given`, broadcast as Keras broadcasts a sample
+    weight against a loss: trailing axes of 1 beyond the loss's rank squeezed, missing trailing axes added."""
+    given = tf.cast(given, tf.float32)
+    while given.shape.rank > ones.shape.rank and given.shape[-1] == 1:
+        given = tf.squeeze(given, -1)
+    if given.shape.rank > ones.shape.rank:
+        raise ValueError(
+            f"a sample weight of shape {given.shape[1:]} per example does not fit a loss of shape "
+            f"{ones.shape[1:]} per example. Fix: give one weight per example, or per loss value."
+        )
+    given = tf.reshape(
+        given, tf.concat([tf.shape(given), [1] * (ones.shape.rank - given.shape.rank)], 0)
+    )
+    return ones * given
+
+
+def _weights(label, weight_ranks, given=None):
+    """Per label, the eval weight: ones shaped like its loss (`weight_ranks`), times the user's sample weights
+    `given` (None; one tensor for every label, as Keras applies it; or a structure like the labels)."""
+    if weight_ranks is None:
+        ones = tf.nest.map_structure(_weights_of, label)
+    else:
+        ones = tf.nest.map_structure(_weights_of, label, weight_ranks)
+    if given is None:
+        return ones
+    if tf.nest.is_nested(label) and not tf.nest.is_nested(given):
+        return tf.nest.map_structure(lambda o: _times(o, given), ones)
+    return tf.nest.map_structure(_times, ones, given)
+
+
 def _weighted_and_padded(batch: int, weight_ranks):
-    """The map from a batch of `(features, label)` to `(features, label, weight)`, each padded to `batch` rows.
+    """The map from a batch of `(features, label)` or `(features, label, sample_weight)` to `(features, label,
+    weight)`, each padded to `batch` rows: the weight is 1 per real example (times its sample weight), 0 after.
 
     Weights are shaped like each output's loss, so per-token losses ([B, T] labels of a language model) are
     weighted too. Batched first and padded per batch: a map per example is much slower.
     """
 
-    def weighted(features, label):
-        if weight_ranks is None:
-            weight = tf.nest.map_structure(_weights_of, label)
-        else:
-            weight = tf.nest.map_structure(_weights_of, label, weight_ranks)
+    def weighted(features, label, given=None):
+        weight = _weights(label, weight_ranks, given)
         short = batch - tf.shape(tf.nest.flatten(label)[0])[0]
 
         def pad(tensor):
@@ -426,17 +458,75 @@ def _weighted_and_padded(batch: int, weight_ranks):
 
 def _zero_batch(element_spec, batch: int, weight_ranks):
     """One all-zero `(features, label, weight)` batch of `batch` rows: the padding after a pipeline's shard."""
-    features_spec, label_spec = element_spec
-    weight_spec = tf.nest.map_structure(
-        lambda spec, rank=None: tf.TensorSpec(
-            spec.shape if rank is None else spec.shape[:rank], tf.float32
-        ),
-        *((label_spec,) if weight_ranks is None else (label_spec, weight_ranks)),
+    features_spec, label_spec = element_spec[:2]
+
+    def symbolic(spec):
+        return tf.zeros([1, *spec.shape], spec.dtype)
+
+    # The weight's shape as `_weighted_and_padded` makes it (the user's weights broadcast into the loss's shape).
+    weight = _weights(
+        tf.nest.map_structure(symbolic, label_spec),
+        weight_ranks,
+        tf.nest.map_structure(symbolic, element_spec[2]) if len(element_spec) > 2 else None,
     )
+    weight_spec = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape[1:], tf.float32), weight)
     return tf.nest.map_structure(
         lambda spec: tf.zeros([batch, *spec.shape], spec.dtype),
         (features_spec, label_spec, weight_spec),
     )
+
+
+def mean_weights(examples: tf.data.Dataset, weight_ranks, batch: int = 8192):
+    """Per label (a structure like the labels), the mean of `(features, label, sample_weight)` examples' weights
+    per loss value (each weight broadcast over the loss's shape, as `eval_batches` weighs them): one pass."""
+    sums = None
+    for weights in examples.batch(batch).map(
+        lambda _, label, given: _weights(label, weight_ranks, given)
+    ):
+        values = tf.nest.map_structure(
+            lambda w: np.array([float(tf.reduce_sum(w)), float(tf.size(w))]), weights
+        )
+        sums = values if sums is None else tf.nest.map_structure(np.add, sums, values)
+    if sums is None:
+        return tf.nest.map_structure(lambda _: 1.0, examples.element_spec[1])
+    return tf.nest.map_structure(lambda s: float(s[0] / s[1]) if s[1] else 1.0, sums)
+
+
+def with_class_weights(
+    examples: tf.data.Dataset, class_weight: dict[int, float], one_hot: bool = False
+) -> tf.data.Dataset:
+    """`(features, label, weight)` examples whose weight is `class_weight[label]` (1 for a class it does not name)
+    times the example's own sample weight, if it has one: Keras' `fit(class_weight=...)` as per-example weights.
+
+    `label`: class ids (shape [] or [1], or one id per position, e.g. per token), rounded as Keras rounds them;
+    `one_hot`: one-hot (or soft) labels over the last axis, whose argmax is the class.
+    """
+    size = max(class_weight) + 1
+    table = tf.constant([float(class_weight.get(c, 1.0)) for c in range(size)], tf.float32)
+
+    def weighted(features, label, given=None):
+        if one_hot:
+            ids = tf.argmax(label, axis=-1, output_type=tf.int32)
+        else:
+            ids = tf.cast(tf.round(tf.cast(label, tf.float32)), tf.int32)
+            if ids.shape.rank and ids.shape[-1] == 1:
+                ids = tf.squeeze(ids, -1)
+        known = (ids >= 0) & (ids < size)
+        weight = tf.where(known, tf.gather(table, tf.clip_by_value(ids, 0, size - 1)), 1.0)
+        if (
+            given is not None
+        ):  # one weight per example or per position, against the class weights' shape
+            given = tf.cast(given, tf.float32)
+            while given.shape.rank > weight.shape.rank and given.shape[-1] == 1:
+                given = tf.squeeze(given, -1)
+            low, high = sorted((weight, given), key=lambda t: t.shape.rank)
+            low = tf.reshape(
+                low, tf.concat([tf.shape(low), [1] * (high.shape.rank - low.shape.rank)], 0)
+            )
+            weight = low * high
+        return features, label, weight
+
+    return examples.map(weighted, num_parallel_calls=AUTOTUNE)
 
 
 def distribute(strategy: tf.distribute.Strategy, dataset_fn) -> tf.distribute.DistributedDataset:

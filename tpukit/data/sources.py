@@ -1,4 +1,5 @@
-"""Data sources: each function returns an unbatched `tf.data.Dataset` of `(features, label)` for one split.
+"""Data sources: each function returns an unbatched `tf.data.Dataset` of `(features, label)` for one split (or
+`(features, label, sample_weight)`, as Keras takes them: a KerasHub preprocessor's padding mask, for one).
 
 A source gets `split` and the pipeline's `input_context` (to read only this host's shard) and nothing of tpukit;
 its other keyword arguments are the keys a recipe's `data` section may set for it.
@@ -55,9 +56,11 @@ def arrays(
     x,
     y,
     input_context: tf.distribute.InputContext | None = None,
+    sample_weight=None,
 ) -> tf.data.Dataset:
-    """In-memory arrays (NumPy or anything `np.asarray` takes), Keras-style `(x, y)`, as examples. For several
-    inputs or outputs, `x` and `y` may be dicts (by name) or tuples of arrays."""
+    """In-memory arrays (NumPy or anything `np.asarray` takes), Keras-style `(x, y)`, as examples; with
+    `sample_weight`, `(x, y, sample_weight)`. For several inputs or outputs, `x` and `y` may be dicts (by name) or
+    tuples of arrays, and `sample_weight` one array for every output or one per output, as in `keras.Model.fit`."""
 
     def arrays_of(value):
         if isinstance(value, dict):
@@ -67,13 +70,14 @@ def arrays(
         return np.asarray(value)
 
     x, y = arrays_of(x), arrays_of(y)
-    lengths = {len(a) for a in tf.nest.flatten((x, y))}
+    example = (x, y) if sample_weight is None else (x, y, arrays_of(sample_weight))
+    lengths = {len(a) for a in tf.nest.flatten(example)}
     if len(lengths) != 1:
         raise ValueError(
-            f"arrays: x and y must have the same length; received {len(tf.nest.flatten(x)[0])} and "
-            f"{len(tf.nest.flatten(y)[0])}."
+            f"arrays: x, y (and sample_weight) must have the same length; received "
+            f"{[len(tf.nest.flatten(part)[0]) for part in example]}."
         )
-    return shard(tf.data.Dataset.from_tensor_slices((x, y)), input_context)
+    return shard(tf.data.Dataset.from_tensor_slices(example), input_context)
 
 
 def synthetic(

@@ -159,8 +159,9 @@ def register_model(name: str, builder: Callable | None = None):
 def register_source(name: str, source: Callable | None = None):
     """Makes `source(split, input_context=None, **options) -> tf.data.Dataset` available as `data.source: <name>`.
 
-    The source returns unbatched `(features, label)` examples of one split, this input pipeline's shard when
-    `input_context` is given (`tpukit.data.shard`); tpukit batches, shuffles, pads eval and distributes.
+    The source returns unbatched `(features, label)` or `(features, label, sample_weight)` examples of one split
+    (as `keras.Model.fit` takes a dataset), this input pipeline's shard when `input_context` is given
+    (`tpukit.data.shard`); tpukit batches, shuffles, pads eval (its padding weights times yours) and distributes.
     """
     from tpukit.data import SOURCES
 

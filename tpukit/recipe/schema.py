@@ -160,6 +160,9 @@ class TrainConfig:
     # the optimizer (one update per row, as the optimizer's definition and the jax engine say). false: Keras-TF's
     # own per-lookup updates (tensorflow/tensorflow#28090), to reproduce a plain Keras-TF run exactly.
     combine_repeated_ids: bool = True
+    # Weigh training examples by class, as keras.Model.fit(class_weight=...): class id -> weight (>= 0; a class it
+    # does not name weighs 1), times any per-example sample weight. One classification or binary output only.
+    class_weight: dict[int, float] | None = None
     # Also score the trivial baseline on the eval split (metrics.json "baseline"): a regression output predicting
     # the training labels' mean, a classifier its most frequent training class. One extra pass over the labels.
     baseline: bool = False
@@ -723,7 +726,31 @@ def _validate_data(config: DataConfig) -> None:
             raise RecipeError(f"data.{key} must name a split; received ''. Fix: e.g. {key}: train.")
 
 
+def _check_class_weight(value: Any) -> None:
+    """`train.class_weight`: a non-empty mapping of class id (an integer >= 0) to a weight (a number >= 0)."""
+    if value is None:
+        return
+    example = "Fix: a mapping of class id to weight, e.g. class_weight: {0: 1.0, 1: 3.0}"
+    if not isinstance(value, dict) or not value:
+        raise RecipeError(
+            f"train.class_weight must be a mapping of class id to weight; received {_show(value)}. {example}, "
+            "or null."
+        )
+    for key, weight in value.items():
+        if isinstance(key, bool) or not isinstance(key, int) or not 0 <= key <= INT32_MAX:
+            raise RecipeError(
+                f"train.class_weight keys must be class ids (integers >= 0); received key {_show(key)} "
+                f"({type(key).__name__}). {example}."
+            )
+        number = isinstance(weight, (int, float)) and not isinstance(weight, bool)
+        if not number or not math.isfinite(weight) or weight < 0:
+            raise RecipeError(
+                f"train.class_weight[{key}] must be a finite number >= 0; received {_show(weight)}. {example}."
+            )
+
+
 def _validate_train(config: TrainConfig) -> None:
+    _check_class_weight(config.class_weight)
     _check_fields(config, "train")
     _resolve_conditional(config, "train")
     _count("train.epochs", config.epochs, example=10)

@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from tpukit import data
 from tpukit.data import EXAMPLE_COUNTS, SOURCES, run_args
+from tpukit.data.pipeline import with_class_weights
 from tpukit.models import MODELS
 from tpukit.planner import DataFacts, eval_batch_size
 from tpukit.recipe import Recipe, RecipeError
@@ -58,12 +59,12 @@ def count_examples(recipe: Recipe, split: str) -> int:
     if not isinstance(dataset, tf.data.Dataset):
         raise RecipeError(
             f"{recipe.path}: data.source={recipe.data.source!r} returned a {type(dataset).__name__} for split "
-            f"{split!r}, not a tf.data.Dataset. Fix: return an unbatched tf.data.Dataset of (features, label), e.g. "
-            "tf.data.Dataset.from_tensor_slices((x, y)) (tpukit batches it)."
+            f"{split!r}, not a tf.data.Dataset. Fix: return an unbatched tf.data.Dataset of (features, label) or "
+            "(features, label, sample_weight), e.g. tf.data.Dataset.from_tensor_slices((x, y)) (tpukit batches it)."
         )
     count = int(dataset.cardinality())
     if count < 0:  # unknown or infinite: count once
-        count = int(dataset.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1))
+        count = int(dataset.reduce(tf.constant(0, tf.int64), lambda n, *_: n + 1))
     return count
 
 
@@ -126,6 +127,10 @@ def input_fns(
     keys = spec.feature_keys if spec is not None else None
     weight_ranks = spec.weight_ranks if spec is not None else None
     expand = spec.expand_labels if spec is not None else None
+    # train.class_weight: one classification or binary output (`fit_to_data` checked); one-hot labels by argmax.
+    one_hot = spec is not None and any(
+        t.task == "classification" and not t.sparse for t in spec.targets
+    )
     config = recipe.data
     # Float features travel in the compute dtype (bfloat16 under mixed_bfloat16: half the infeed bytes).
     feature_dtype = (
@@ -147,15 +152,18 @@ def input_fns(
         examples = source(split=split, input_context=input_context, **reserved, **config.options)
         if keys is not None and set(examples.element_spec[0]) != set(keys):
             # Keras flattens a dict of features in key order, so a feature the model does not take would shift
-            # the others: only the model's inputs travel.
-            examples = examples.map(lambda features, label: ({k: features[k] for k in keys}, label))
+            # the others: only the model's inputs travel (a sample weight, if any, travels too).
+            examples = examples.map(lambda features, *rest: ({k: features[k] for k in keys}, *rest))
         if expand is not None:
             examples = examples.map(
-                lambda features, label: (
+                lambda features, label, *rest: (
                     features,
                     tf.nest.map_structure(lambda t, e: t[..., None] if e else t, label, expand),
+                    *rest,
                 )
             )
+        if training and recipe.train.class_weight:  # as Keras: the training data only
+            examples = with_class_weights(examples, recipe.train.class_weight, one_hot)
         return examples, config.cache and "cache" not in reserved
 
     def train_fn(input_context, skip_steps=0):

@@ -24,7 +24,15 @@ from tpukit import data
 from tpukit.data import SOURCES
 from tpukit.recipe import Recipe, RecipeError
 from tpukit.task.losses import SparseCategoricalCrossentropyWithLabelSmoothing, WeightedLoss
-from tpukit.task.targets import LabelFacts, OutputFacts, Target, TargetError, decide
+from tpukit.task.targets import (
+    CUSTOM,
+    LabelFacts,
+    OutputFacts,
+    Target,
+    TargetError,
+    decide,
+    loss_task,
+)
 
 logger = logging.getLogger("tpukit")
 
@@ -90,7 +98,7 @@ def _label_values(recipe: Recipe, split: str):
     given = getattr(source, "tpukit_labels", None)
     if given is not None:
         return given(split)
-    labels = _source_examples(recipe, split).map(lambda _, label: label)
+    labels = _source_examples(recipe, split).map(lambda *example: example[1])
     batch = next(iter(labels.take(LABEL_SAMPLE).batch(LABEL_SAMPLE)), None)
     return None if batch is None else tf.nest.map_structure(lambda t: t.numpy(), batch)
 
@@ -134,10 +142,11 @@ def label_facts(recipe: Recipe, evaluating: bool):
     """`LabelFacts` for the recipe's labels (a dict or tuple of them for several), from the train split and, when
     `evaluating`, the eval split: shapes and dtypes from the data's spec, values from a sample."""
     spec = _source_examples(recipe, recipe.data.train_split).element_spec
-    if not isinstance(spec, tuple) or len(spec) != 2:
+    if not isinstance(spec, tuple) or len(spec) not in (2, 3):
         raise RecipeError(
             f"{recipe.path}: data.source={recipe.data.source!r} gives elements of {spec}; tpukit trains on "
-            "(features, labels) pairs. Fix: make the source return a dataset of (features, labels) tuples."
+            "(features, labels) or (features, labels, sample_weights) tuples, as keras.Model.fit takes a dataset. "
+            "Fix: make the source return a dataset of such tuples."
         )
     splits = [recipe.data.train_split] + ([recipe.data.eval_split] if evaluating else [])
     merged = None
@@ -327,7 +336,7 @@ def _check_ids(recipe: Recipe, model) -> None:
         examples = _source_examples(recipe, split)
         if not isinstance(examples.element_spec[0], Mapping):
             return
-        ids = examples.map(lambda features, _: {k: features[k] for k in tables if k in features})
+        ids = examples.map(lambda features, *_: {k: features[k] for k in tables if k in features})
         batch = next(iter(ids.take(LABEL_SAMPLE).batch(LABEL_SAMPLE)), None)
         for name, values in (batch or {}).items():
             rows, table = tables[name]
@@ -370,12 +379,15 @@ def fit_to_data(model, recipe: Recipe, labels, own: dict | None = None) -> Model
         except TargetError:
             targets = []  # its own train_step may take any labels: Keras reports what it cannot
     else:
+        stated, by = _stated_tasks(recipe, outputs, own)
         try:
-            targets = decide(outputs, labels, recipe.train.task, _class_fix(recipe))
+            targets = decide(outputs, labels, stated, _class_fix(recipe))
         except TargetError as error:
             raise RecipeError(f"{recipe.path}: {error}") from None
+        targets = [_with_loss(target, by.get(target.output)) for target in targets]
+    _check_class_weight(recipe, targets)
     for target in targets:
-        unread = target.activation is None and target.task != "regression"
+        unread = target.activation is None and target.task not in ("regression", CUSTOM)
         (logger.warning if unread else logger.info)("tpukit: %s", target.describe())
     spec = ModelSpec(
         feature_keys=keys,
@@ -387,9 +399,78 @@ def fit_to_data(model, recipe: Recipe, labels, own: dict | None = None) -> Model
         features=fed,
     )
     weights = _loss_weights(recipe, spec.targets, own.get("loss_weights"))
-    return dataclasses.replace(
-        spec, exact_loss=_exact_loss_weights(spec, recipe, own_loss, weights)
+    exact = _exact_loss_weights(spec, recipe, own_loss, weights)
+    return dataclasses.replace(spec, exact_loss=_per_loss_value(exact, spec, recipe, own))
+
+
+def _loss_name(loss) -> str | None:
+    """The name Keras knows a loss by: the name given, a wrapped function's, a loss class's or a function's."""
+    if isinstance(loss, str):
+        return OBJECTS.get(loss) and _loss_name(OBJECTS[loss]) or loss
+    if type(loss).__name__ == "LossFunctionWrapper":  # keras.losses.Loss around a function
+        return getattr(getattr(loss, "fn", None), "__name__", None)
+    if isinstance(loss, keras.losses.Loss):
+        return type(loss).__name__
+    return getattr(loss, "__name__", None)
+
+
+def _stated_tasks(recipe: Recipe, outputs: list[OutputFacts], own: dict) -> tuple[Any, dict]:
+    """`(stated, by)`: the task of each output for `decide`, and {output: (what stated it, the loss)} for the
+    outputs whose loss stated it. `train.task` where set; else the task each output's loss implies (`train.loss`,
+    else the model's compiled loss): a loss tpukit does not know states `custom` (no target check); "auto"
+    (inference from the labels) only where no loss was given."""
+    if recipe.train.task != "auto":
+        return recipe.train.task, {}
+    given, where = (
+        (recipe.train.loss, "train.loss")
+        if recipe.train.loss
+        else (own.get("loss"), "its compiled loss")
     )
+    if given is None:
+        return "auto", {}
+    stated, by = {}, {}
+    for index, output in enumerate(outputs):
+        loss = _loss_for(given, index, output)
+        if loss is None:
+            continue
+        name = _loss_name(loss)
+        task = loss_task(name) or CUSTOM
+        if task == "binary" and output.shape and output.shape[-1] != 1:
+            task = "multi_label"
+        stated[output.name] = task
+        found = OBJECTS.get(loss, loss) if isinstance(loss, str) else loss
+        by[output.name] = (f"{where} {name or type(loss).__name__!r}", found)
+    return stated or "auto", by
+
+
+def _with_loss(target: Target, by) -> Target:
+    """The target as its loss states it: named after that loss, and from logits as the loss reads its outputs (a
+    Keras cross-entropy given by name takes probabilities)."""
+    if by is None:
+        return target
+    stated_by, loss = by
+    logits = getattr(loss, "from_logits", None)
+    if logits is None and target.task in ("classification", "binary", "multi_label"):
+        logits = False  # Keras' cross-entropies given by name default to probabilities
+    return dataclasses.replace(
+        target,
+        stated_by=stated_by,
+        from_logits=target.from_logits if logits is None else bool(logits),
+    )
+
+
+def _check_class_weight(recipe: Recipe, targets) -> None:
+    """`train.class_weight` weighs the examples of one classification (or binary) output by class, as Keras' does."""
+    if not recipe.train.class_weight:
+        return
+    tasks = [t.task for t in targets]
+    if len(targets) != 1 or tasks[0] not in ("classification", "binary"):
+        raise RecipeError(
+            f"{recipe.path}: train.class_weight={dict(recipe.train.class_weight)} weighs examples by class, which "
+            f"needs one classification or binary output; the model's outputs are trained as {tasks}. Fix: remove "
+            "train.class_weight, or give per-example sample weights (a third element of each example, or "
+            "tpukit.fit(sample_weight=...))."
+        )
 
 
 # -- Losses and metrics ---------------------------------------------------------------------------------------------
@@ -434,6 +515,44 @@ def _exact_loss_metric(target: Target, recipe: Recipe, own_loss: bool) -> str:
             "cross_entropy"  # the loss itself: a second metric would cost another softmax per step
         )
     return "weighted_loss"
+
+
+def _reduction(recipe: Recipe, own: dict, index: int, target: Target) -> str:
+    """How an output's loss reduces a batch: tpukit's own loss averages by the weights; a Keras loss object says;
+    a loss given by name or as a function is wrapped by Keras' compile with its default, `sum_over_batch_size`."""
+    if recipe.train.loss:
+        loss = _loss_for(recipe.train.loss, index, target)
+        loss = OBJECTS.get(loss, loss) if isinstance(loss, str) else loss
+    elif own.get("loss") is not None:
+        loss = _loss_for(own["loss"], index, target)
+    else:
+        return "mean_with_sample_weight"
+    return getattr(loss, "reduction", None) or "sum_over_batch_size"
+
+
+def _per_loss_value(exact: dict, spec: ModelSpec, recipe: Recipe, own: dict) -> dict[str, float]:
+    """`exact` (metric -> weight in the reported loss) with each `sum_over_batch_size` loss's term scaled from the
+    weighted mean its `WeightedLoss` logs to Keras' value, the weighted sum over the number of loss values: times
+    the eval split's mean weight per loss value (one pass over its sample weights; 1 without them). Then the
+    reported eval loss equals plain Keras `evaluate` over the whole split in one batch."""
+    if not exact or not recipe.data.eval_split or not spec.targets:
+        return exact
+    scaled = [
+        (index, target)
+        for index, target in enumerate(spec.targets)
+        if _exact_loss_metric(target, recipe, own.get("loss") is not None) == "weighted_loss"
+        and _reduction(recipe, own, index, target) == "sum_over_batch_size"
+    ]
+    examples = _source_examples(recipe, recipe.data.eval_split)
+    if not scaled or len(examples.element_spec) != 3:
+        return exact
+    means = data.pipeline.mean_weights(examples, spec.weight_ranks)
+    flat = [means[t.output] for t in spec.targets] if spec.labels_keyed else tf.nest.flatten(means)
+    result = dict(exact)
+    for index, target in scaled:
+        name = f"{target.output}_weighted_loss" if spec.several else "weighted_loss"
+        result[name] = exact[name] * flat[index]
+    return result
 
 
 # Loss and metric objects given to `tpukit.fit` (registered under a name for the duration of the call).
@@ -496,10 +615,11 @@ def _check_names(recipe: Recipe, key: str, value, targets) -> None:
         )
 
 
-def _loss_for(value, index: int, target: Target):
-    """An output's loss: from a mapping by name, a list in output order, or the one loss given for all."""
+def _loss_for(value, index: int, target):
+    """An output's loss: from a mapping by name, a list in output order, or the one loss given for all.
+    `target`: a `Target` or an `OutputFacts`."""
     if isinstance(value, Mapping):
-        return value.get(target.output)
+        return value.get(getattr(target, "output", None) or target.name)
     if isinstance(value, (list, tuple)):
         return value[index]
     return value
@@ -544,8 +664,11 @@ def task_loss(target: Target, label_smoothing: float, reduction="mean_with_sampl
 
 def task_metrics(target: Target) -> list:
     """Accuracy and cross-entropy (classification, binary, multi-label; AUC for the last two), or squared and
-    absolute error and RMSE (regression): each weighted by the sample weights, so exact over padded eval batches."""
+    absolute error and RMSE (regression): each weighted by the sample weights, so exact over padded eval batches.
+    None for an output trained on a loss tpukit does not know (its exact loss is logged)."""
     logits = target.from_logits
+    if target.task == CUSTOM:
+        return []
     if target.task == "classification" and target.sparse:
         return [
             keras.metrics.SparseCategoricalAccuracy(name="accuracy"),

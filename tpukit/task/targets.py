@@ -11,18 +11,18 @@ pair, as AutoKeras' heads and Ludwig's output features do from the data:
 | 0/1 per class, shape `S + (C,)`       | C units, sigmoid/logits | multi_label               | binary cross-entropy    |
 | real numbers, the output's shape      | linear                  | regression                | mean squared error      |
 
-An output whose activation is softmax or sigmoid gives probabilities, any other gives logits (`from_logits`). Labels
-are paired with outputs as Keras pairs them: a dict by output name, a tuple or list in output order, a single
-tensor with a single output. Where the labels leave the task open (0/1 labels of a linear output could be binary
-logits or a regression) the rule above picks one and the log says which, with the `train.task` that changes it.
+Softmax or sigmoid outputs give probabilities, any other logits. Labels pair with outputs as Keras pairs them; where
+they leave the task open (0/1 labels of a linear output) the rule picks one and the log says which. A loss given
+(`train.loss`, the model's compile) states the task instead (`loss_task`): a regression loss means real targets
+whatever the activation, a cross-entropy its classification, a loss tpukit does not know no check (`custom`).
 
-`decide` is pure (no TensorFlow): it takes `OutputFacts` and `LabelFacts` and returns a `Target` per output or
-raises `TargetError`, which `tpukit.task` turns into a RecipeError naming the recipe and the fix.
+`decide` is pure (no TensorFlow): `OutputFacts` and `LabelFacts` in, a `Target` per output or a `TargetError` out.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -78,8 +78,16 @@ class Target:
     # Labels one axis short of the output's trailing 1 (shape [] for Dense(1)) get it.
     expand_label: bool = False
     activation: str | None = "linear"  # the output's last activation as read (None: unknown)
+    stated_by: str | None = (
+        None  # what stated the task when not train.task, e.g. "its compiled loss 'mse'"
+    )
 
     def describe(self) -> str:
+        if self.task == CUSTOM:
+            return (
+                f"output {self.output!r}: trained on {self.stated_by or 'its own loss'}, a loss tpukit does not "
+                "know, so its labels are not checked (Keras reports what the loss cannot compute)"
+            )
         kind = {
             ("classification", True): f"classification over {self.classes} classes, integer labels",
             (
@@ -95,8 +103,50 @@ class Target:
                 "from logits, assumed: its last activation could not be read (a subclassed model or an op); if "
                 "it outputs probabilities, set train.loss"
             )
-        how = "inferred from the model and the labels" if self.inferred else "train.task"
+        how = (
+            "inferred from the model and the labels"
+            if self.inferred
+            else f"from {self.stated_by}"
+            if self.stated_by
+            else "train.task"
+        )
+        if self.task in ("classification", "binary", "multi_label") and self.stated_by:
+            given = "from logits" if self.from_logits else "from probabilities"
         return f"output {self.output!r}: {kind}{' ' + given if given else ''} ({how})"
+
+
+# The task of a model output trained on a loss tpukit does not know: no target check, no task metrics.
+CUSTOM = "custom"
+
+# Keras' loss names (functions, their aliases and classes in snake case) -> the task whose targets they take.
+# "binary" stands for binary or multi_label (one unit or several, decided by the output).
+_LOSS_TASKS = {
+    **dict.fromkeys(
+        (
+            "mean_squared_error mse mean_absolute_error mae mean_absolute_percentage_error mape "
+            "mean_squared_logarithmic_error msle huber huber_loss log_cosh logcosh poisson cosine_similarity"
+        ).split(),
+        "regression",
+    ),
+    **dict.fromkeys(
+        (
+            "sparse_categorical_crossentropy categorical_crossentropy categorical_focal_crossentropy "
+            "sparse_categorical_crossentropy_with_label_smoothing"
+        ).split(),
+        "classification",
+    ),
+    **dict.fromkeys("binary_crossentropy binary_focal_crossentropy".split(), "binary"),
+}
+
+
+def loss_task(name: str | None) -> str | None:
+    """The task a loss named `name` trains ("regression", "classification", "binary"), or None for a loss tpukit
+    does not know. `name`: a Keras loss name or alias ("mse"), a function's or a class's name
+    ("MeanSquaredError")."""
+    if not name:
+        return None
+    snake = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name.strip()).lower()
+    return _LOSS_TASKS.get(snake) or _LOSS_TASKS.get(name.strip().lower())
 
 
 def _shape(shape) -> str:
@@ -231,6 +281,24 @@ def _default_fix(target: Target, classes: int) -> str:
     return f"make output {target.output!r} {classes} classes wide (its last layer's units)"
 
 
+def _unchecked(output: OutputFacts, label: LabelFacts) -> Target:
+    """The target of an output trained on a loss tpukit does not know: shapes as read, nothing checked."""
+    classes = output.shape[-1] if output.shape else 1
+    sparse = _sparse_fits(label.shape, output.shape) and classes not in (None, 1)
+    return Target(
+        output=output.name,
+        task=CUSTOM,
+        sparse=sparse,
+        from_logits=not _probabilities(output.activation),
+        classes=int(classes or 1),
+        weight_rank=max(len(output.shape) - 1, 0),
+        inferred=False,
+        label=label,
+        expand_label=not sparse and label.shape + (1,) == output.shape,
+        activation=output.activation,
+    )
+
+
 def decide(
     outputs: list[OutputFacts],
     labels: Any,
@@ -239,7 +307,8 @@ def decide(
 ) -> list[Target]:
     """A `Target` per output, in output order. `labels`: `LabelFacts`, or a dict/list/tuple of them.
 
-    `stated` is `train.task`: "auto", one task for every output, or a mapping of output name to task.
+    `stated` is `train.task`: "auto", one task for every output, or a mapping of output name to task (where a
+    compiled loss states it: `custom` for a loss tpukit does not know, whose output is not checked).
     `fix_classes(target, classes)` words the fix for labels beyond the output's classes.
 
     Raises:
@@ -255,6 +324,9 @@ def decide(
     targets = []
     for output, label in pair(outputs, labels):
         task = stated.get(output.name, "auto") if isinstance(stated, Mapping) else stated
+        if task == CUSTOM:
+            targets.append(_unchecked(output, label))
+            continue
         inferred = task == "auto"
         if inferred:
             task = _auto(output, label)
