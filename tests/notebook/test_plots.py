@@ -2,6 +2,7 @@
 grid and the throughput line (matplotlib's Agg backend; what a notebook shows inline is checked by
 tests/notebook/test_notebooks.py)."""
 
+import contextlib
 import json
 import os
 
@@ -136,3 +137,27 @@ def test_throughput_line_from_a_dict_or_metrics_json(tmp_path):
     assert plots.throughput_line({**METRICS, "examples_per_second": None}).startswith(
         "throughput: not measured"
     )
+
+
+def test_eval_examples_of_a_source_with_sample_weights_leave_the_weights_out():
+    recipe = tpukit.load_recipe("digits_cnn")
+
+    def weighted(split="train", input_context=None, **options):
+        base = tpukit.data.digits(split, input_context)
+        return base.map(lambda x, y: (x, y, tf.cast(y, tf.float32)))
+
+    with _registered_source("weighted_digits_for_plots", weighted):
+        recipe.data.source = "weighted_digits_for_plots"
+        images, labels = plots.eval_examples(recipe, 4)
+    expected = list(tpukit.data.digits("test").take(4).as_numpy_iterator())
+    np.testing.assert_array_equal(labels, [y for _, y in expected])
+    np.testing.assert_array_equal(images, np.stack([x for x, _ in expected]))
+
+
+@contextlib.contextmanager
+def _registered_source(name, fn):
+    tpukit.data.SOURCES[name] = fn
+    try:
+        yield
+    finally:
+        del tpukit.data.SOURCES[name]

@@ -130,7 +130,8 @@ def save_png(figure, path: str) -> None:
 def eval_examples(
     recipe, count: int = 16, split: str | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The first `count` (features, labels) of the recipe's eval split (default), as read by its own source."""
+    """The first `count` (features, labels) of the recipe's eval split (default), as read by its own source (a
+    source's sample weights are left out)."""
     from tpukit import data
 
     split = split or recipe.data.eval_split or recipe.data.train_split
@@ -138,9 +139,11 @@ def eval_examples(
     reserved = data.run_args(source, training=False, cache=False)
     dataset = source(split=split, input_context=None, **reserved, **recipe.data.options).take(count)
     features, labels = [], []
-    for x, y in dataset.as_numpy_iterator():
-        features.append(x)
-        labels.append(y)
+    for (
+        example
+    ) in dataset.as_numpy_iterator():  # (features, label) or (features, label, sample_weight)
+        features.append(example[0])
+        labels.append(example[1])
     if not features:
         raise ValueError(f"the {split!r} split of {recipe.path} has no examples.")
     return np.stack(features), np.stack(labels)
