@@ -38,6 +38,7 @@ _LAZY = {
     "ClusterUnreachableError": ("tpukit.engines.tensorflow.strategy", "ClusterUnreachableError"),
     "TFConfigError": ("tpukit.engines.tensorflow.strategy", "TFConfigError"),
     "TrainingInterrupted": ("tpukit.runner", "TrainingInterrupted"),
+    "ExportFailedError": ("tpukit.runner", "ExportFailedError"),
     "connect": ("tpukit.engines.tensorflow.strategy", "connect"),
     "cpu_mirrored_strategy": ("tpukit.engines.tensorflow.strategy", "cpu_mirrored_strategy"),
     "describe": ("tpukit.engines.tensorflow.strategy", "describe"),

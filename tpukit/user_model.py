@@ -215,6 +215,9 @@ def fit(
     Raises:
         tpukit.TrainingInterrupted: Ctrl-C (a notebook's stop button) stopped training after the step in flight
             and saved a checkpoint; the cell stops with a one-line message, and running it again resumes.
+        tpukit.ExportFailedError: training ended but an output (`model.keras`, the SavedModel) could not be
+            written: `metrics.json` says which (`outputs_missing`), the error's `.metrics` holds the run's numbers,
+            the checkpoint is kept, and calling again exports without training.
     """
     from tpukit.runner import run
 
