@@ -187,3 +187,75 @@ def test_a_compiled_loss_tpukit_does_not_know_leaves_the_labels_unchecked(tmp_pa
             output_dir=str(tmp_path / "inferred"),
             verbose=0,
         )
+
+
+def one_hot_cross_entropy(y_true, y_pred):
+    """A loss of the user's own on one-hot labels (tpukit does not know it: its task is custom)."""
+    return keras.losses.categorical_crossentropy(y_true, y_pred, from_logits=True)
+
+
+@pytest.mark.parametrize("labels", ["ids", "one_hot"])
+def test_class_weight_with_a_loss_tpukit_does_not_know_trains_as_plain_keras(tmp_path, labels):
+    # Keras reads the class of a [B, 3] one-hot label by argmax, of a [B] label by rounding: tpukit too.
+    loss = first_unit_squared_error if labels == "ids" else one_hot_cross_entropy
+
+    def build():
+        model = cases.classifier(compiled=False)
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss)
+        return model
+
+    x, y, _ = cases.arrays(cases.N, 0)
+    if labels == "one_hot":
+        y = np.eye(3, dtype="float32")[y]
+    recorder = cases.Losses()
+    build().fit(
+        x,
+        y,
+        class_weight=cases.CLASS_WEIGHT,
+        batch_size=cases.BATCH,
+        epochs=cases.EPOCHS,
+        shuffle=False,
+        verbose=0,
+        callbacks=[recorder],
+    )
+    mine = cases.Losses()
+    metrics = tpukit.fit(
+        build,
+        x,
+        y,
+        class_weight=cases.CLASS_WEIGHT,
+        epochs=cases.EPOCHS,
+        batch_size=cases.BATCH,
+        output_dir=str(tmp_path / "run"),
+        seed=cases.SEED,
+        shuffle_buffer=1,
+        deterministic=True,
+        verbose=0,
+        callbacks=[mine],
+    )
+    assert metrics["status"] == "done"
+    np.testing.assert_allclose(mine.losses, recorder.losses, rtol=1e-5)
+    unweighted = cases.Losses()
+    build().fit(
+        x, y, batch_size=cases.BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[unweighted]
+    )
+    assert abs(unweighted.losses[0] - recorder.losses[0]) > 1e-3  # the class weights count
+
+
+def test_a_class_weight_key_beyond_the_classes_is_refused(tmp_path):
+    x, y, _ = cases.arrays(16, 0)
+    with pytest.raises(RecipeError) as error:
+        tpukit.fit(
+            cases.classifier,
+            x,
+            y,
+            class_weight={0: 1.0, 1_000_000_000: 1.0},
+            epochs=1,
+            batch_size=8,
+            output_dir=str(tmp_path / "run"),
+            verbose=0,
+        )
+    message = str(error.value)
+    assert "train.class_weight names class 1000000000" in message
+    assert "has 3 classes (ids 0 to 2)" in message and "Fix: " in message
+    assert not os.path.exists(tmp_path / "run")

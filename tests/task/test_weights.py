@@ -105,6 +105,39 @@ def test_class_weights_become_per_example_weights_times_the_sample_weights():
     ]
 
 
+def test_class_weights_read_labels_as_keras_for_a_loss_tpukit_does_not_know():
+    # one_hot=None (a custom loss): argmax when the last axis is longer than 1, else rounded ids, as Keras.
+    labels = [
+        np.eye(3, dtype="float32")[[2, 0]],
+        np.array([[2.2], [0.4]], "float32"),
+        np.array([1.6, 0.0]),
+    ]
+    for label in labels:
+        examples = tf.data.Dataset.from_tensor_slices((np.zeros((2, 1)), label))
+        found = [
+            e[2] for e in with_class_weights(examples, {2: 4.0}, one_hot=None).as_numpy_iterator()
+        ]
+        assert found == [4.0, 1.0], label
+    # A last axis of unknown length is read when the data comes.
+    unknown = tf.data.Dataset.from_generator(
+        lambda: iter([(0.0, np.eye(3, dtype="float32")[2]), (0.0, np.array([2.0], "float32"))]),
+        output_signature=(tf.TensorSpec([]), tf.TensorSpec([None])),
+    )
+    assert [
+        e[2] for e in with_class_weights(unknown, {2: 4.0}, one_hot=None).as_numpy_iterator()
+    ] == [4.0, 4.0]
+
+
+def test_a_huge_class_id_is_looked_up_without_a_table_as_long_as_the_id():
+    # {1_000_000_000: 1} once built a list of a billion weights; the lookup now grows with the number of keys.
+    examples = tf.data.Dataset.from_tensor_slices(
+        (np.zeros((4, 1)), np.array([0, 7, 2147483647, -1]))
+    )
+    weights = {0: 2.0, 2147483647: 5.0, 1_000_000_000: 9.0}
+    found = [e[2] for e in with_class_weights(examples, weights).as_numpy_iterator()]
+    assert found == [2.0, 1.0, 5.0, 1.0]
+
+
 @pytest.mark.parametrize(
     "name, task",
     [

@@ -492,27 +492,53 @@ def mean_weights(examples: tf.data.Dataset, weight_ranks, batch: int = 8192):
     return tf.nest.map_structure(lambda s: float(s[0] / s[1]) if s[1] else 1.0, sums)
 
 
+def _class_ids(label, one_hot: bool | None):
+    """The class id(s) of one example's `label`: argmax over the last axis when `one_hot`; ids rounded as Keras
+    rounds them (a trailing axis of 1 squeezed) when not; as Keras reads them when None (argmax when the last axis
+    is longer than 1, else rounded ids)."""
+    if one_hot is None and label.shape.rank:
+        if label.shape[-1] is None:
+            return tf.cond(
+                tf.shape(label)[-1] > 1,
+                lambda: _class_ids(label, True),
+                lambda: _class_ids(label, False),
+            )
+        one_hot = label.shape[-1] > 1
+    if one_hot:
+        return tf.argmax(label, axis=-1, output_type=tf.int64)
+    ids = label if label.dtype.is_integer else tf.round(tf.cast(label, tf.float32))
+    ids = tf.cast(ids, tf.int64)
+    if ids.shape.rank and ids.shape[-1] == 1:
+        ids = tf.squeeze(ids, -1)
+    return ids
+
+
+def _class_weight_of(ids, class_weight: dict[int, float]):
+    """`class_weight[id]` for each of `ids` (1 for an id it does not name): a search of its sorted keys, so the
+    lookup grows with the number of keys, not with the largest one."""
+    keys = sorted(class_weight)
+    known = tf.constant(keys, tf.int64)
+    values = tf.constant([float(class_weight[k]) for k in keys], tf.float32)
+    flat = tf.reshape(ids, [1, -1])
+    at = tf.minimum(tf.searchsorted(known[None], flat, side="left")[0], len(keys) - 1)
+    found = tf.gather(known, at) == flat[0]
+    weight = tf.where(found, tf.gather(values, at), 1.0)
+    return tf.reshape(weight, tf.shape(ids))
+
+
 def with_class_weights(
-    examples: tf.data.Dataset, class_weight: dict[int, float], one_hot: bool = False
+    examples: tf.data.Dataset, class_weight: dict[int, float], one_hot: bool | None = False
 ) -> tf.data.Dataset:
     """`(features, label, weight)` examples whose weight is `class_weight[label]` (1 for a class it does not name)
     times the example's own sample weight, if it has one: Keras' `fit(class_weight=...)` as per-example weights.
 
     `label`: class ids (shape [] or [1], or one id per position, e.g. per token), rounded as Keras rounds them;
-    `one_hot`: one-hot (or soft) labels over the last axis, whose argmax is the class.
+    `one_hot`: one-hot (or soft) labels over the last axis, whose argmax is the class; None: read as Keras reads
+    them (`_class_ids`), for a loss tpukit does not know.
     """
-    size = max(class_weight) + 1
-    table = tf.constant([float(class_weight.get(c, 1.0)) for c in range(size)], tf.float32)
 
     def weighted(features, label, given=None):
-        if one_hot:
-            ids = tf.argmax(label, axis=-1, output_type=tf.int32)
-        else:
-            ids = tf.cast(tf.round(tf.cast(label, tf.float32)), tf.int32)
-            if ids.shape.rank and ids.shape[-1] == 1:
-                ids = tf.squeeze(ids, -1)
-        known = (ids >= 0) & (ids < size)
-        weight = tf.where(known, tf.gather(table, tf.clip_by_value(ids, 0, size - 1)), 1.0)
+        weight = _class_weight_of(_class_ids(label, one_hot), class_weight)
         if (
             given is not None
         ):  # one weight per example or per position, against the class weights' shape

@@ -29,6 +29,7 @@ from tpukit.task import compiling, finetune
 from tpukit.task.baseline import baseline as score_baseline  # noqa: F401 - for the engines
 from tpukit.task.compiling import ModelSpec, compile_model, fit_to_data, label_facts
 from tpukit.task.optim import build_optimizer
+from tpukit.task.targets import CUSTOM
 
 logger = logging.getLogger("tpukit")
 
@@ -127,10 +128,7 @@ def input_fns(
     keys = spec.feature_keys if spec is not None else None
     weight_ranks = spec.weight_ranks if spec is not None else None
     expand = spec.expand_labels if spec is not None else None
-    # train.class_weight: one classification or binary output (`fit_to_data` checked); one-hot labels by argmax.
-    one_hot = spec is not None and any(
-        t.task == "classification" and not t.sparse for t in spec.targets
-    )
+    one_hot = _class_weight_reading(spec)
     config = recipe.data
     # Float features travel in the compute dtype (bfloat16 under mixed_bfloat16: half the infeed bytes).
     feature_dtype = (
@@ -196,6 +194,18 @@ def input_fns(
         )
 
     return train_fn, eval_fn
+
+
+def _class_weight_reading(spec: ModelSpec | None) -> bool | None:
+    """How `train.class_weight` reads the one output's labels (`fit_to_data` checked there is one): one-hot by
+    argmax for classification on one-hot labels, as Keras reads them (None) for a loss tpukit does not know, else
+    class ids."""
+    if spec is None or not spec.targets:
+        return False
+    target = spec.targets[0]
+    if target.task == CUSTOM:
+        return None
+    return target.task == "classification" and not target.sparse
 
 
 def spec_of(model) -> ModelSpec | None:

@@ -460,16 +460,29 @@ def _with_loss(target: Target, by) -> Target:
 
 
 def _check_class_weight(recipe: Recipe, targets) -> None:
-    """`train.class_weight` weighs the examples of one classification (or binary) output by class, as Keras' does."""
+    """`train.class_weight` weighs the examples of one output by class, as Keras' does: a classification or binary
+    output (whose class count bounds the keys), or one trained on a loss tpukit does not know (class ids read as
+    Keras reads them)."""
     if not recipe.train.class_weight:
         return
+    given = dict(recipe.train.class_weight)
     tasks = [t.task for t in targets]
-    if len(targets) != 1 or tasks[0] not in ("classification", "binary"):
+    if len(targets) != 1 or tasks[0] not in ("classification", "binary", CUSTOM):
         raise RecipeError(
-            f"{recipe.path}: train.class_weight={dict(recipe.train.class_weight)} weighs examples by class, which "
-            f"needs one classification or binary output; the model's outputs are trained as {tasks}. Fix: remove "
+            f"{recipe.path}: train.class_weight={given} weighs examples by class, which needs one classification, "
+            f"binary or custom-loss output; the model's outputs are trained as {tasks}. Fix: remove "
             "train.class_weight, or give per-example sample weights (a third element of each example, or "
             "tpukit.fit(sample_weight=...))."
+        )
+    (target,) = targets
+    if target.task == CUSTOM:
+        return
+    classes = 2 if target.task == "binary" else target.classes
+    beyond = sorted(k for k in given if k >= classes)
+    if beyond:
+        raise RecipeError(
+            f"{recipe.path}: train.class_weight names class {beyond[0]}, but output {target.output!r} has "
+            f"{classes} classes (ids 0 to {classes - 1}). Fix: key train.class_weight by class ids below {classes}."
         )
 
 
