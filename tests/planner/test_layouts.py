@@ -246,3 +246,42 @@ def test_a_layout_builder_is_called_with_tpukits_mesh_and_axis_names():
         from_keras(broken, "auto")
     with pytest.raises(RecipeError, match="returned a dict, not a keras.distribution.LayoutMap"):
         from_keras(lambda mesh: {}, "auto")
+
+
+def test_with_a_layout_maps_mesh_the_messages_name_its_device_mesh_not_runtime_mesh():
+    # runtime.mesh conflicts with a LayoutMap's mesh, so the fix and the engine's line name the DeviceMesh.
+    import jax
+    import keras
+
+    from tpukit.engines.jax import engine as jax_engine
+    from tpukit.recipe import from_dict
+
+    layout_map = keras_layout_map({".*mlp_in/kernel": (None, "model")}, names=("batch", "model"))
+    raw = {
+        "model": {"name": "small_cnn"},
+        "data": {"source": "digits", "global_batch_size": 8},
+        "train": {"epochs": 1, "learning_rate": 0.01},
+        "runtime": {"layout": layout_map},
+    }
+    runtime = from_dict(raw, "r.yaml").runtime
+    assert runtime.mesh == {"data": 2, "model": 4}
+    assert runtime.mesh_from == "the Keras LayoutMap's DeviceMesh of shape (2, 4)"
+    layouts = Layouts(runtime.layout, runtime.mesh, "runtime.layout", runtime.mesh_from)
+    with pytest.raises(RecipeError) as error:
+        layouts.axes_for("block0/mlp_in/kernel", (128, 510))
+    message = str(error.value)
+    assert (
+        "Fix: a DeviceMesh whose model axis has 2 devices (the mesh is the Keras LayoutMap's"
+        in message
+    )
+    assert "runtime.mesh.model=" not in message
+    mesh = jax_engine.Mesh(2, 4, [jax.devices()[0]] * 8, mesh_from=runtime.mesh_from)
+    line = jax_engine.describe(mesh, runtime.mesh)
+    assert "mesh data 2 x model 4 as the Keras LayoutMap's DeviceMesh of shape (2, 4) asks;" in line
+    assert "runtime.mesh" not in line and keras.__version__ in line
+    # A mesh runtime.mesh sized keeps its own fix and line.
+    plain = from_dict({**raw, "runtime": {"mesh": {"data": 2, "model": 4}}}, "r.yaml").runtime
+    assert plain.mesh_from is None
+    assert "because runtime.mesh is {data: 2, model: 4}" in jax_engine.describe(
+        jax_engine.Mesh(2, 4, [jax.devices()[0]] * 8), plain.mesh
+    )

@@ -54,10 +54,14 @@ class Layouts:
     `outputs()` say what was split and which activations were laid out, for the plan and `metrics.json`.
     """
 
-    def __init__(self, layout: dict, mesh: dict[str, int], source: str):
+    def __init__(
+        self, layout: dict, mesh: dict[str, int], source: str, mesh_from: str | None = None
+    ):
         self.layout = {pattern: tuple(axes) for pattern, axes in (layout or {}).items()}
         self.mesh = dict(mesh)
         self.source = source  # "runtime.layout" or "the default layout of model causal_lm"
+        # What sized the mesh when not runtime.mesh (`RuntimeConfig.mesh_from`: a Keras LayoutMap's DeviceMesh).
+        self.mesh_from = mesh_from
         self._matched: dict[str, int] = dict.fromkeys(self.layout, 0)
         self._outputs_seen: dict[str, int] = dict.fromkeys(self.layout, 0)
         self._outputs: dict[str, list] = {}
@@ -95,12 +99,18 @@ class Layouts:
             if size % devices:
                 # A smaller axis must divide the variable and the mesh's devices.
                 options = [d for d in range(1, devices) if size % d == 0 and total % d == 0]
+                smaller = (
+                    f"a DeviceMesh whose {axis} axis has {max(options)} devices (the mesh is "
+                    f"{self.mesh_from}, so runtime.mesh cannot change it)"
+                    if self.mesh_from
+                    else f"--set runtime.mesh.{axis}={max(options)}"
+                )
                 raise RecipeError(
                     f"{self._where(pattern)} splits dimension {dimension} of variable {path} (shape "
                     f"{list(shape)}) over the {devices} devices of mesh axis {axis!r}, but {size} does not divide by "
-                    f"{devices}. Fix: --set runtime.mesh.{axis}={max(options)} (it divides {size} and the "
-                    f"{total} devices), a model size that divides by {devices} (e.g. {_multiple(size, devices)} "
-                    f"instead of {size}), or a layout that leaves that dimension unsplit (null)."
+                    f"{devices}. Fix: {smaller} (it divides {size} and the {total} devices), a model size that "
+                    f"divides by {devices} (e.g. {_multiple(size, devices)} instead of {size}), or a layout that "
+                    "leaves that dimension unsplit (null)."
                 )
         if any(axis and self.mesh.get(axis, 1) > 1 for axis in axes):
             self._sharded[path] = list(axes)

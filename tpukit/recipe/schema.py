@@ -228,6 +228,9 @@ class RuntimeConfig:
     # calls it with its mesh). null: the built-in model's default layout (a model without one stays replicated).
     # Every entry must match a variable or a layer's output (tpukit.planner.layouts).
     layout: dict[str, Any] | None = None
+    # Set by tpukit, not by a recipe: what sized runtime.mesh when a Keras LayoutMap's device_mesh did (messages
+    # then name that DeviceMesh, not runtime.mesh); null: runtime.mesh itself.
+    mesh_from: str | None = None
 
     def __post_init__(self):
         _validate_runtime(self)
@@ -886,7 +889,7 @@ def _keras_layout(config: RuntimeConfig) -> None:
     (`tpukit.planner.layouts.from_keras`), so the recipe stays YAML; the axis mapping is logged once."""
     if config.layout is None or isinstance(config.layout, dict):
         return
-    from tpukit.planner.layouts import from_keras
+    from tpukit.planner.layouts import from_keras, is_layout_map
 
     converted = from_keras(config.layout, config.mesh)
     if converted is None:
@@ -895,6 +898,9 @@ def _keras_layout(config: RuntimeConfig) -> None:
             f"keras.distribution.LayoutMap or a builder of one, or null; received {_show(config.layout)}. Fix: e.g. "
             '{".*mlp_in/kernel": [null, model]}, or layout=keras_hub.models.GemmaBackbone.get_layout_map.'
         )
+    if is_layout_map(config.layout):
+        shape = tuple(int(n) for n in config.layout.device_mesh.shape)
+        config.mesh_from = f"the Keras LayoutMap's DeviceMesh of shape {shape}"
     config.layout, config.mesh, line = converted
     logging.getLogger("tpukit").info("%s", line)
 

@@ -65,6 +65,9 @@ class Mesh:
     devices: list = dataclasses.field(repr=False)
     processes: int = 1
     process_index: int = 0
+    mesh_from: str | None = (
+        None  # what sized it when not runtime.mesh (a Keras LayoutMap's DeviceMesh)
+    )
 
     @property
     def sizes(self) -> dict[str, int]:
@@ -144,6 +147,7 @@ def hardware(recipe: Recipe, strategy, output_dir: str) -> Hardware:
             devices[: data_size * model],
             jax.process_count(),
             jax.process_index(),
+            recipe.runtime.mesh_from,
         )
         logger.info("%s", describe(strategy, requested))
     cpu.tune(strategy.devices)
@@ -181,7 +185,9 @@ def describe(mesh: Mesh, requested: dict | None = None) -> str:
     on = " and ".join(plural(n, f"{kind} device") for kind, n in kinds.items())
     processes = f" in {mesh.processes} processes" if mesh.processes > 1 else ""
     asked = (
-        f" because runtime.mesh is {{data: {requested['data']}, model: {requested['model']}}}"
+        f" as {mesh.mesh_from} asks"
+        if requested and mesh.mesh_from
+        else f" because runtime.mesh is {{data: {requested['data']}, model: {requested['model']}}}"
         if requested
         else ""
     )
@@ -258,7 +264,7 @@ def check_layouts(layouts: Layouts, model) -> None:
 
 def _layouts(settings: RunSettings, mesh: Mesh) -> Layouts:
     if settings.layout is not None:
-        return Layouts(settings.layout, mesh.sizes, "runtime.layout")
+        return Layouts(settings.layout, mesh.sizes, "runtime.layout", mesh.mesh_from)
     default = DEFAULT_LAYOUTS.get(settings.model_name)
     if default is None:
         if mesh.model > 1:
