@@ -6,6 +6,7 @@ metrics, tpukit's own loss (averaged by the weights) and a loss compiled with Ke
 sum over the number of loss values)."""
 
 import os
+import re
 
 import keras
 import numpy as np
@@ -15,6 +16,7 @@ from conftest import mirrored
 from helpers import run_jax_snippet
 
 import tpukit
+from tpukit import user_model
 from tpukit.recipe import RecipeError
 
 TESTS = os.path.dirname(__file__)
@@ -132,7 +134,7 @@ def test_exact_evaluation_with_sample_weights_equals_one_batch_of_plain_keras(tm
 
 def test_validation_split_holds_out_the_last_sample_weights_too():
     x, y, w = cases.arrays(10, 0)
-    with tpukit.user_model.as_recipe(
+    with user_model.as_recipe(
         cases.classifier, x, y, sample_weight=w, validation_split=0.3, epochs=1, batch_size=2
     ) as recipe:
         from tpukit.data import SOURCES
@@ -258,4 +260,29 @@ def test_a_class_weight_key_beyond_the_classes_is_refused(tmp_path):
     message = str(error.value)
     assert "train.class_weight names class 1000000000" in message
     assert "has 3 classes (ids 0 to 2)" in message and "Fix: " in message
+    assert not os.path.exists(tmp_path / "run")
+
+
+def test_a_sample_weight_of_the_wrong_shape_is_refused_before_any_pipeline(tmp_path):
+    x, y, w = cases.arrays(16, 0)
+    common = dict(epochs=1, batch_size=8, output_dir=str(tmp_path / "run"), verbose=0)
+    with pytest.raises(RecipeError) as error:
+        tpukit.fit(cases.classifier, x, y, sample_weight=np.ones((16, 3), "float32"), **common)
+    message = str(error.value)
+    assert (
+        "tpukit.fit: sample_weight has shape [16, 3], which does not fit labels of shape [16]"
+        in message
+    )
+    assert (
+        "Fix: a sample_weight of shape [N] (N examples)" in message and "autograph" not in message
+    )
+    with pytest.raises(RecipeError) as error:
+        tpukit.fit(cases.classifier, x, y, validation_data=(x, y, np.ones((16, 2, 2))), **common)
+    assert "validation_data's sample weight has shape [16, 2, 2]" in str(error.value)
+    # Per-token labels take one weight per example or per token (a trailing axis of 1 is squeezed, as Keras).
+    tokens = np.zeros((16, 5), "int32")
+    for fits in (w, w[:, None], np.ones((16, 5)), np.ones((16, 5, 1))):
+        user_model._check_weight_shape(fits, tokens, "sample_weight")
+    with pytest.raises(RecipeError, match=re.escape("of shape [N], [N, 5] (N examples)")):
+        user_model._check_weight_shape(np.ones((16, 4)), tokens, "sample_weight")
     assert not os.path.exists(tmp_path / "run")

@@ -271,9 +271,7 @@ def run(
             if the_plan.training:
                 if lock is None:  # a new directory: created now, with the lock in it
                     lock = _locked(engine, files, the_plan.output_dir, break_lock)
-                with _writes_to(engine, the_plan.output_dir):
-                    _clear_leftovers(files, the_plan)
-                    _record_start(files, the_plan, lock.holder)
+                _start(engine, files, the_plan, lock)
         try:
             return _run(the_plan, engine, recipe, callbacks, files, phases)
         except RecipeError:
@@ -284,6 +282,13 @@ def run(
     finally:
         if lock is not None:
             lock.release()
+
+
+def _start(engine, files, the_plan, lock: rundir.RunLock) -> None:
+    """A training run's start, in its locked directory: what a killed run left cleared, the start recorded."""
+    with _writes_to(engine, the_plan.output_dir):
+        _clear_leftovers(files, the_plan)
+        _record_start(files, the_plan, lock.holder)
 
 
 def _locked(engine, files, directory: str, break_lock: bool) -> rundir.RunLock:

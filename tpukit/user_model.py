@@ -99,6 +99,43 @@ def _arrays_source(x, y, validation_data, sample_weight=None) -> Callable:
     return source
 
 
+def _check_weight_shape(weight, y, what: str) -> None:
+    """Refuses a sample weight whose shape per example cannot weigh the labels' losses, before any pipeline is
+    built: one weight per example (shape [N]), or one per label position (a prefix of the label's shape per
+    example, e.g. [N, T] for per-token labels [N, T]); trailing axes of 1 broadcast, as in Keras. One
+    array weighs every output; a dict or tuple gives one per output."""
+    import numpy as np
+
+    def per_output(labels):
+        if isinstance(labels, dict):
+            return list(labels.items())
+        if isinstance(labels, (list, tuple)):
+            return [(f"[{i}]", v) for i, v in enumerate(labels)]
+        return [("", labels)]
+
+    outputs = per_output(y)
+    if isinstance(weight, (dict, list, tuple)):
+        weights = dict(per_output(weight))
+        pairs = [(name, label, weights[name]) for name, label in outputs if name in weights]
+    else:
+        pairs = [(name, label, weight) for name, label in outputs]
+    for name, label, given in pairs:
+        label_shape, shape = np.shape(label)[1:], np.shape(given)[1:]
+        while shape and shape[-1] == 1:  # broadcast as Keras broadcasts it
+            shape = shape[:-1]
+        if tuple(shape) == tuple(label_shape[: len(shape)]):
+            continue
+        fits = ", ".join(
+            f"[N{''.join(f', {d}' for d in label_shape[:rank])}]"
+            for rank in range(len(label_shape) + 1)
+        )
+        raise RecipeError(
+            f"tpukit.fit: {what}{name} has shape {list(np.shape(given))}, which does not fit labels of shape "
+            f"{list(np.shape(label))}: a sample weight gives one weight per example, or one per label position. "
+            f"Fix: a {what} of shape {fits} (N examples)."
+        )
+
+
 def _checked_validation(validation_data):
     """`validation_data` as Keras takes it: `(x, y)` or `(x, y, sample_weight)` (a trailing None dropped), or
     True (split "validation" of `dataset_fn`), or None."""
@@ -124,6 +161,10 @@ def _checked_validation(validation_data):
         raise RecipeError(
             "tpukit.fit: validation_data's x, y (and sample weights) must hold the same number of examples. Fix: "
             "pass the labels (and weights) of every validation example."
+        )
+    if len(validation_data) == 3:
+        _check_weight_shape(
+            validation_data[2], validation_data[1], "validation_data's sample weight"
         )
     return validation_data
 
@@ -219,26 +260,28 @@ def fit(
             written: `metrics.json` says which (`outputs_missing`), the error's `.metrics` holds the run's numbers,
             the checkpoint is kept, and calling again exports without training.
     """
+    return _fit(
+        **locals()
+    )  # here `locals()` is exactly fit's arguments: nothing else is defined yet
+
+
+def _fit(
+    model_fn,
+    x,
+    y,
+    *,
+    output_dir,
+    strategy,
+    callbacks,
+    accept_changes,
+    break_lock,
+    settings,
+    **arguments,
+) -> dict:
+    """`fit` itself: its arguments as a recipe (`as_recipe`) run by `tpukit.run`."""
     from tpukit.runner import run
 
-    with as_recipe(
-        model_fn,
-        x,
-        y,
-        dataset_fn=dataset_fn,
-        validation_data=validation_data,
-        validation_split=validation_split,
-        sample_weight=sample_weight,
-        class_weight=class_weight,
-        epochs=epochs,
-        batch_size=batch_size,
-        learning_rate=learning_rate,
-        loss=loss,
-        metrics=metrics,
-        loss_weights=loss_weights,
-        name=name,
-        **settings,
-    ) as recipe:
+    with as_recipe(model_fn, x, y, **arguments, **settings) as recipe:
         return run(
             recipe,
             output_dir,
@@ -271,41 +314,7 @@ def as_recipe(
 ) -> Iterator[Any]:
     """The `Recipe` that `fit`'s arguments make, with `model_fn` and the data registered under its model and
     source name while the block runs (`tpukit.fit` trains it, `tpukit.check` compiles it)."""
-    if _is_keras_layer(model_fn) or not callable(model_fn):
-        raise RecipeError(
-            "tpukit.fit: model_fn must be a function that builds and returns a new keras.Model (tpukit calls it "
-            "under the strategy's scope, so that its variables live on the devices that train); received a "
-            f"{type(model_fn).__name__} {'instance' if callable(model_fn) else 'value'}. Fix: pass the function "
-            "that builds it, e.g. tpukit.fit(build_model, x, y, ...) or tpukit.fit(lambda: make_model(), ...); "
-            "to start from a trained model's weights, save it (model.save('trained.keras')) and add "
-            "init_weights='trained.keras'."
-        )
-    if (x is None) == (dataset_fn is None):
-        raise RecipeError(
-            "tpukit.fit: pass either x and y (arrays) or dataset_fn, not both and not neither."
-        )
-    if x is not None and y is None:
-        raise RecipeError(
-            "tpukit.fit: x and y must be arrays of the same length (the labels in y); received no y. Fix: pass y, "
-            "e.g. tpukit.fit(build_model, x_train, y_train, ...)."
-        )
-    if x is not None and _length(x, "x") != _length(y, "y"):
-        raise RecipeError(
-            f"tpukit.fit: x and y must hold the same number of examples; received {_length(x, 'x')} in x and "
-            f"{_length(y, 'y')} in y. Fix: pass the labels of every example of x."
-        )
-    if sample_weight is not None and (
-        x is None or _length(sample_weight, "sample_weight") != _length(x, "x")
-    ):
-        raise RecipeError(
-            "tpukit.fit: sample_weight must hold one weight (or one row of weights) per example of x"
-            + (
-                "; with dataset_fn, yield (features, label, sample_weight) instead"
-                if x is None
-                else ""
-            )
-            + ". Fix: pass sample_weight with x and y, of the same length, as in keras.Model.fit."
-        )
+    _check_arguments(model_fn, x, y, dataset_fn, sample_weight)
     validation_data = _checked_validation(validation_data)
     if validation_split is not None:
         x, y, validation_data, sample_weight = _split_off(
@@ -343,6 +352,47 @@ def as_recipe(
             objects.update(named)
     with _registered(name, model_fn, source), _objects(objects):
         yield from_dict(raw, f"tpukit.fit({name})")
+
+
+def _check_arguments(model_fn, x, y, dataset_fn, sample_weight) -> None:
+    """`tpukit.fit`'s model builder, arrays and sample weights, refused with the fix before anything is built."""
+    if _is_keras_layer(model_fn) or not callable(model_fn):
+        raise RecipeError(
+            "tpukit.fit: model_fn must be a function that builds and returns a new keras.Model (tpukit calls it "
+            "under the strategy's scope, so that its variables live on the devices that train); received a "
+            f"{type(model_fn).__name__} {'instance' if callable(model_fn) else 'value'}. Fix: pass the function "
+            "that builds it, e.g. tpukit.fit(build_model, x, y, ...) or tpukit.fit(lambda: make_model(), ...); "
+            "to start from a trained model's weights, save it (model.save('trained.keras')) and add "
+            "init_weights='trained.keras'."
+        )
+    if (x is None) == (dataset_fn is None):
+        raise RecipeError(
+            "tpukit.fit: pass either x and y (arrays) or dataset_fn, not both and not neither."
+        )
+    if x is not None and y is None:
+        raise RecipeError(
+            "tpukit.fit: x and y must be arrays of the same length (the labels in y); received no y. Fix: pass y, "
+            "e.g. tpukit.fit(build_model, x_train, y_train, ...)."
+        )
+    if x is not None and _length(x, "x") != _length(y, "y"):
+        raise RecipeError(
+            f"tpukit.fit: x and y must hold the same number of examples; received {_length(x, 'x')} in x and "
+            f"{_length(y, 'y')} in y. Fix: pass the labels of every example of x."
+        )
+    if sample_weight is not None and (
+        x is None or _length(sample_weight, "sample_weight") != _length(x, "x")
+    ):
+        raise RecipeError(
+            "tpukit.fit: sample_weight must hold one weight (or one row of weights) per example of x"
+            + (
+                "; with dataset_fn, yield (features, label, sample_weight) instead"
+                if x is None
+                else ""
+            )
+            + ". Fix: pass sample_weight with x and y, of the same length, as in keras.Model.fit."
+        )
+    if sample_weight is not None:
+        _check_weight_shape(sample_weight, y, "sample_weight")
 
 
 def _split_off(x, y, fraction, validation_data, sample_weight=None) -> tuple:
