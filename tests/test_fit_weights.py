@@ -5,6 +5,7 @@ does, on both engines, and exact evaluation stays exact with weights (issue 40).
 metrics, tpukit's own loss (averaged by the weights) and a loss compiled with Keras' default reduction (the weighted
 sum over the number of loss values)."""
 
+import logging
 import os
 import re
 
@@ -286,3 +287,35 @@ def test_a_sample_weight_of_the_wrong_shape_is_refused_before_any_pipeline(tmp_p
     with pytest.raises(RecipeError, match=re.escape("of shape [N], [N, 5] (N examples)")):
         user_model._check_weight_shape(np.ones((16, 4)), tokens, "sample_weight")
     assert not os.path.exists(tmp_path / "run")
+
+
+def test_compiled_unweighted_metrics_with_weights_are_announced_as_weighted(tmp_path, caplog):
+    # Keras leaves `metrics` unweighted; tpukit weighs every metric (its eval padding needs the weights): one line.
+    def build(weighted):
+        keras.utils.set_random_seed(cases.SEED)
+        model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(1, activation="sigmoid")])
+        chosen = {"weighted_metrics" if weighted else "metrics": [keras.metrics.BinaryAccuracy()]}
+        model.compile(optimizer="sgd", loss="binary_crossentropy", **chosen)
+        return model
+
+    x, _, _ = cases.arrays(16, 0)
+    y = (x[:, 0] > 0.5).astype("float32")
+    common = dict(epochs=1, batch_size=8, class_weight={0: 1.0, 1: 3.0}, verbose=0)
+    tpukit_logger = logging.getLogger(
+        "tpukit"
+    )  # tpukit's logger does not propagate: caplog listens on it
+    tpukit_logger.addHandler(caplog.handler)
+    try:
+        tpukit.fit(lambda: build(False), x, y, output_dir=str(tmp_path / "a"), **common)
+        lines = [
+            r.getMessage() for r in caplog.records if "Keras leaves unweighted" in r.getMessage()
+        ]
+        assert len(lines) == 1 and "metrics=['binary_accuracy']" in lines[0]
+        caplog.clear()
+        tpukit.fit(lambda: build(True), x, y, output_dir=str(tmp_path / "b"), **common)
+        tpukit.fit(
+            lambda: build(False), x, y, output_dir=str(tmp_path / "c"), epochs=1, batch_size=8
+        )
+        assert not any("Keras leaves unweighted" in r.getMessage() for r in caplog.records)
+    finally:
+        tpukit_logger.removeHandler(caplog.handler)

@@ -235,13 +235,15 @@ def fit(
             examples (taken before any shuffling), is the validation data. Arrays only; not with `validation_data`.
         sample_weight: as in `keras.Model.fit`: one weight per example of `x` (or per loss value, e.g. per token),
             one array for every output or one per output (dict or tuple). Arrays only: a `dataset_fn` yields them.
-        class_weight: as in `keras.Model.fit`: {class id: weight} for one classification or binary output, per
-            example times its sample weight, if any (`train.class_weight`).
+        class_weight: as in `keras.Model.fit`: {class id: weight} for one classification, binary or custom-loss
+            output (`train.class_weight`). Where Keras refuses both together, tpukit multiplies each example's
+            class weight by its sample weight.
         epochs, batch_size: as in a recipe's `train.epochs` and `data.global_batch_size` (global).
         learning_rate: `train.learning_rate`; None: the optimizer `model_fn` compiled, else Adam at 0.001.
         loss, metrics, loss_weights: as in `keras.Model.compile` (names, or Keras objects and functions; a dict by
             output name for several outputs). Default: the model's own compile, else the task's (inferred from
-            the model and the labels, or `task=`). Metrics are compiled as weighted metrics, so evaluation is exact.
+            the model and the labels, or `task=`). Metrics are compiled as weighted metrics, so evaluation is exact
+            (with weights, `metrics=` are then weighted, unlike Keras').
         output_dir: checkpoints, logs, `model.keras`, `metrics.json`; calling again with it resumes.
         strategy: a `tf.distribute.Strategy` (default: `tpukit.connect()`).
         callbacks: extra Keras callbacks.

@@ -738,11 +738,58 @@ def compiled_config(model) -> dict:
             "tpukit.fit(metrics=[...]) or train.metrics, or register them with "
             "@keras.saving.register_keras_serializable()."
         ) from None
+    # Keras weighs `metrics` by nothing; tpukit compiles them as weighted (`_say_unweighted_metrics_weigh`).
+    result["unweighted_metrics"] = _metric_names(restored[0])
     restored = [m for m in restored if m]
     if len(restored) == 2 and isinstance(restored[0], list) and isinstance(restored[1], list):
         restored = [restored[0] + restored[1]]
     result["metrics"] = restored[0] if restored else None
     return result
+
+
+def _metric_names(metrics) -> list[str]:
+    """The names of a compile's metrics (a list, or a list or dict of lists per output), as the logs show them."""
+    if not metrics:
+        return []
+    if isinstance(metrics, Mapping):
+        return [name for per_output in metrics.values() for name in _metric_names(per_output)]
+    if not isinstance(metrics, (list, tuple)):
+        metrics = [metrics]
+    names = []
+    for metric in metrics:
+        if isinstance(metric, (list, tuple, Mapping)):
+            names += _metric_names(metric)
+        elif metric is not None:
+            names.append(
+                metric
+                if isinstance(metric, str)
+                else getattr(metric, "name", type(metric).__name__)
+            )
+    return names
+
+
+def _say_unweighted_metrics_weigh(recipe: Recipe, own: dict) -> None:
+    """One line when the model compiled (unweighted) `metrics` and the data carries weights: tpukit weighs them.
+
+    Keras weighs only `weighted_metrics` by sample and class weights; tpukit compiles every metric as weighted,
+    because its exact evaluation completes the last batch with zero-weight examples that an unweighted metric
+    would count. With weights, those metrics then differ from plain Keras' (in training and evaluation)."""
+    names = own.get("unweighted_metrics")
+    if not names or recipe.train.metrics is not None:
+        return
+    weighted = bool(recipe.train.class_weight) or any(
+        len(_source_examples(recipe, split).element_spec) == 3
+        for split in (recipe.data.train_split, recipe.data.eval_split)
+        if split
+    )
+    if weighted:
+        logger.info(
+            "tpukit: the model compiled metrics=%s, which Keras leaves unweighted; tpukit weighs them by the "
+            "sample and class weights (its exact evaluation pads the last batch with zero-weight examples, which "
+            "an unweighted metric would count), so they differ from plain Keras'. Fix, to compare: compile them "
+            "as weighted_metrics in plain Keras too.",
+            names,
+        )
 
 
 def compile_model(
@@ -759,6 +806,7 @@ def compile_model(
     `own`: the builder's compile (`compiled_config`), read from the model when not given."""
     train = recipe.train
     own = compiled_config(model) if own is None else own
+    _say_unweighted_metrics_weigh(recipe, own)
     targets, several = spec.targets, spec.several
     own_loss = own.get("loss") is not None
     for key, value in (("loss", train.loss), ("metrics", train.metrics), ("loss", own.get("loss"))):
