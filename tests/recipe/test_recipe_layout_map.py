@@ -80,3 +80,16 @@ def test_the_tensorflow_engine_refuses_a_layout_before_connecting(kind):
     with pytest.raises(RecipeError, match="runtime.layout .* is a jax-engine feature") as error:
         planner.check_model_axis(from_dict(raw))
     assert "runtime.engine=jax" in str(error.value)
+
+
+def test_a_recipe_cannot_set_mesh_from_which_tpukit_sets():
+    from tpukit.recipe import RecipeError, RuntimeConfig
+
+    with pytest.raises(
+        RecipeError, match=r"runtime.mesh_from is set by tpukit.*received 'hello'.*Fix: remove it"
+    ):
+        RuntimeConfig(mesh_from="hello")
+    kept = RuntimeConfig(
+        mesh_from="the Keras LayoutMap's DeviceMesh of shape (2, 4)"
+    )  # a resolved recipe.yaml
+    assert kept.mesh_from.endswith("(2, 4)")

@@ -841,8 +841,16 @@ def _check_own_optimizer(config: TrainConfig) -> None:
             )
 
 
+MESH_FROM_LAYOUT_MAP = "the Keras LayoutMap's DeviceMesh of shape "
+
+
 def _validate_runtime(config: RuntimeConfig) -> None:
     _keras_layout(config)
+    if config.mesh_from is not None and not str(config.mesh_from).startswith(MESH_FROM_LAYOUT_MAP):
+        raise RecipeError(
+            f"runtime.mesh_from is set by tpukit (when a Keras LayoutMap's DeviceMesh sizes the mesh), not by a "
+            f"recipe; received {_show(config.mesh_from)}. Fix: remove it, and size the mesh with runtime.mesh."
+        )
     _check_fields(config, "runtime")
     _resolve_conditional(config, "runtime")
     if config.steps_per_execution != "auto":
@@ -900,7 +908,7 @@ def _keras_layout(config: RuntimeConfig) -> None:
         )
     if is_layout_map(config.layout):
         shape = tuple(int(n) for n in config.layout.device_mesh.shape)
-        config.mesh_from = f"the Keras LayoutMap's DeviceMesh of shape {shape}"
+        config.mesh_from = f"{MESH_FROM_LAYOUT_MAP}{shape}"
     config.layout, config.mesh, line = converted
     logging.getLogger("tpukit").info("%s", line)
 
