@@ -140,3 +140,15 @@ def test_the_readme_check_of_cifar10_resnet_runs_every_rule_offline_and_download
     assert "[PASS] xla_step" in result.stdout and "[PASS] precision_step" in result.stdout
     assert "Downloading" not in result.stderr + result.stdout
     assert os.listdir(tmp_path) == []
+
+
+def test_a_half_downloaded_dataset_folder_is_not_prepared_and_tfds_says_nothing(tmp_path, caplog):
+    """A download that never finished leaves `cifar10/3.0.2` without its dataset_info.json: TFDS warns about it
+    through absl while tpukit only asks whether the data is prepared (`check --topology`, the rules' count)."""
+    from tpukit.tools import tpu_check
+
+    (tmp_path / "cifar10" / "3.0.2").mkdir(parents=True)
+    recipe = tpukit.load_recipe("cifar10_resnet", [f"data.data_dir={tmp_path}"])
+    with caplog.at_level("WARNING"):
+        assert tpu_check._tfds_missing(recipe) == "cifar10"
+    assert not [r for r in caplog.records if "Variant folder" in r.getMessage()]
