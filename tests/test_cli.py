@@ -352,6 +352,32 @@ def test_show_imports_and_runs_no_code_the_recipe_names(in_tmp, capsys, monkeypa
     assert "show_named_code:build" not in MODELS and "show_named_code:source" not in SOURCES
 
 
+def test_show_says_a_loss_and_metrics_named_as_code_are_not_imported(in_tmp, capsys, monkeypatch):
+    monkeypatch.syspath_prepend(str(in_tmp))
+    monkeypatch.delitem(sys.modules, "show_named_code", raising=False)
+    recipe = _recipe_naming_code(in_tmp)
+    overrides = [
+        "train.loss=show_named_code:loss",
+        "train.metrics=[accuracy, show_named_code:metric]",
+    ]
+    status = cli.main(["show", recipe, *[a for o in overrides for a in ("--set", o)]])
+    out = capsys.readouterr().out
+    assert status == 0
+    assert sorted(os.listdir(in_tmp)) == [
+        "r.yaml",
+        "show_named_code.py",
+    ]  # no MARKER: nothing imported
+    assert "show_named_code" not in sys.modules
+    assert (
+        "tpukit show: train.loss='show_named_code:loss' is code the recipe names; show does not import it (its "
+        "module's code would run). `tpukit check` and `tpukit train` import it." in out
+    )
+    assert "tpukit show: train.metrics='show_named_code:metric' is code the recipe names" in out
+    assert (
+        "'accuracy'" not in out.split("train.metrics=")[-1].split("\n")[0]
+    )  # a Keras name is not code
+
+
 def test_loading_a_recipe_as_check_and_train_do_runs_the_module_it_names(in_tmp, monkeypatch):
     """The control for the test above: the module's import-time code does run when the recipe is loaded."""
     monkeypatch.syspath_prepend(str(in_tmp))
