@@ -464,6 +464,13 @@ def test_help_at_every_level_is_a_manual_page_with_the_commands_own_options(
         assert cli.main(["help", command]) == 0 and capsys.readouterr().out == page
 
 
+def test_train_manual_says_a_failed_export_exits_1():
+    """tpukit.train returns 1 on `ExportFailedError`: the manual's exit statuses say so."""
+    status = " ".join(cli.manual("train").split("EXIT STATUS")[1].split("EXAMPLES")[0].split())
+    assert "1 the environment" in status and "an output could not be exported" in status
+    assert "exports without training" in status
+
+
 def test_python_m_tpukit_train_help_is_the_train_manual_page_and_exits_0():
     result = run(
         sys.executable, "-m", "tpukit.train", "--help"

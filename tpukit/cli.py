@@ -482,7 +482,8 @@ COMMANDS: dict[str, Command] = {
         "--output_dir (default runs/NAME), evaluates exactly and exports model.keras and a SavedModel. The "
         "same as `python -m tpukit.train`.",
         exit_status="0 done; 1 the environment (TPU or workers unreachable, output directory locked or full, "
-        "diverged); 2 bad input (recipe, flag, changed recipe); 130 Ctrl-C; 143 SIGTERM (both after saving).",
+        "diverged), or training ended but an output could not be exported (metrics.json says which; the same "
+        "command again exports without training); 2 bad input (recipe, flag, changed recipe); 130 Ctrl-C; 143 SIGTERM (both after saving).",
         examples="tpukit train digits_cnn\n"
         "tpukit train digits_cnn --set train.epochs=5 --output_dir runs/digits\n"
         "tpukit train textfiles_char_lm --set runtime.engine=jax",
