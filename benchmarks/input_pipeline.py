@@ -66,15 +66,7 @@ def cases(root: str, quick: bool = False) -> list[tuple[str, dict]]:
     """(name, recipe) pairs: real recipes' data sections with default pipeline knobs. Only training is timed, so
     no recipe has an eval split (tpukit reads an eval split's labels when it builds the model). `quick`: fewer
     files, small batches and models, 32 px for the ResNet-50 case: every path runs, in seconds."""
-    cifar = os.path.join(root, "cifar")
-    imagenet = os.path.join(root, "imagenet")
-    os.makedirs(cifar, exist_ok=True)
-    os.makedirs(imagenet, exist_ok=True)
-    files, per_file = (2, 64) if quick else (8, 512)
-    cifar_pattern = write_jpeg_tfrecords(cifar, "train", files, per_file, (32, 32))
-    imagenet_pattern = write_jpeg_tfrecords(
-        imagenet, "train", files, 8 if quick else 48, (375, 500)
-    )
+    cifar_pattern, imagenet_pattern = _written(root, quick)
     train = {"epochs": 1, "learning_rate": 0.01}
     cifar_data = {
         "source": "tfrecord_images",
@@ -87,7 +79,6 @@ def cases(root: str, quick: bool = False) -> list[tuple[str, dict]]:
     }
     lm_data = {"source": "text_files", "sequence_length": 128, "eval_split": None}
     small = 16 if quick else None  # the quick size's global batch, for every case
-    imagenet_size = [32, 32] if quick else [224, 224]
     depth = 8 if quick else 20
     return [
         (
@@ -119,25 +110,7 @@ def cases(root: str, quick: bool = False) -> list[tuple[str, dict]]:
                 "train": train,
             },
         ),
-        (
-            f"tfrecord 500x375 jpeg -> resnet50 @{imagenet_size[0]}",
-            {
-                "model": {
-                    "name": "resnet50",
-                    "num_classes": 10,
-                    "input_shape": [*imagenet_size, 3],
-                },
-                "data": {
-                    "source": "tfrecord_images",
-                    "file_pattern": imagenet_pattern,
-                    "image_size": imagenet_size,
-                    "label_offset": -1,
-                    "global_batch_size": small or 32,
-                    "eval_split": None,
-                },
-                "train": train,
-            },
-        ),
+        _resnet50_case(imagenet_pattern, quick, train),
         (
             "text_files stdlib -> causal_lm",
             {
@@ -147,6 +120,40 @@ def cases(root: str, quick: bool = False) -> list[tuple[str, dict]]:
             },
         ),
     ]
+
+
+def _written(root: str, quick: bool) -> tuple[str, str]:
+    """The cases' JPEG TFRecords under `root`, written: (the 32 px cifar-like pattern, the 500x375 imagenet-like)."""
+    cifar = os.path.join(root, "cifar")
+    imagenet = os.path.join(root, "imagenet")
+    os.makedirs(cifar, exist_ok=True)
+    os.makedirs(imagenet, exist_ok=True)
+    files, per_file = (2, 64) if quick else (8, 512)
+    cifar_pattern = write_jpeg_tfrecords(cifar, "train", files, per_file, (32, 32))
+    imagenet_pattern = write_jpeg_tfrecords(
+        imagenet, "train", files, 8 if quick else 48, (375, 500)
+    )
+    return cifar_pattern, imagenet_pattern
+
+
+def _resnet50_case(pattern: str, quick: bool, train: dict) -> tuple[str, dict]:
+    """ResNet-50 on the 500x375 JPEGs of `pattern`, decoded and resized to 224 px (32 px when `quick`)."""
+    size = [32, 32] if quick else [224, 224]
+    return (
+        f"tfrecord 500x375 jpeg -> resnet50 @{size[0]}",
+        {
+            "model": {"name": "resnet50", "num_classes": 10, "input_shape": [*size, 3]},
+            "data": {
+                "source": "tfrecord_images",
+                "file_pattern": pattern,
+                "image_size": size,
+                "label_offset": -1,
+                "global_batch_size": 16 if quick else 32,
+                "eval_split": None,
+            },
+            "train": train,
+        },
+    )
 
 
 def pipeline_rate(dataset: tf.data.Dataset, batch: int, seconds: float) -> tuple[float, object]:

@@ -352,6 +352,32 @@ def test_show_imports_and_runs_no_code_the_recipe_names(in_tmp, capsys, monkeypa
     assert "show_named_code:build" not in MODELS and "show_named_code:source" not in SOURCES
 
 
+def test_show_says_a_loss_and_metrics_named_as_code_are_not_imported(in_tmp, capsys, monkeypatch):
+    monkeypatch.syspath_prepend(str(in_tmp))
+    monkeypatch.delitem(sys.modules, "show_named_code", raising=False)
+    recipe = _recipe_naming_code(in_tmp)
+    overrides = [
+        "train.loss=show_named_code:loss",
+        "train.metrics=[accuracy, show_named_code:metric]",
+    ]
+    status = cli.main(["show", recipe, *[a for o in overrides for a in ("--set", o)]])
+    out = capsys.readouterr().out
+    assert status == 0
+    assert sorted(os.listdir(in_tmp)) == [
+        "r.yaml",
+        "show_named_code.py",
+    ]  # no MARKER: nothing imported
+    assert "show_named_code" not in sys.modules
+    assert (
+        "tpukit show: train.loss='show_named_code:loss' is code the recipe names; show does not import it (its "
+        "module's code would run). `tpukit check` and `tpukit train` import it." in out
+    )
+    assert "tpukit show: train.metrics='show_named_code:metric' is code the recipe names" in out
+    assert (
+        "'accuracy'" not in out.split("train.metrics=")[-1].split("\n")[0]
+    )  # a Keras name is not code
+
+
 def test_loading_a_recipe_as_check_and_train_do_runs_the_module_it_names(in_tmp, monkeypatch):
     """The control for the test above: the module's import-time code does run when the recipe is loaded."""
     monkeypatch.syspath_prepend(str(in_tmp))
@@ -436,6 +462,13 @@ def test_help_at_every_level_is_a_manual_page_with_the_commands_own_options(
     if command is not None:
         assert page.startswith(f"NAME\n    tpukit {command} - ")
         assert cli.main(["help", command]) == 0 and capsys.readouterr().out == page
+
+
+def test_train_manual_says_a_failed_export_exits_1():
+    """tpukit.train returns 1 on `ExportFailedError`: the manual's exit statuses say so."""
+    status = " ".join(cli.manual("train").split("EXIT STATUS")[1].split("EXAMPLES")[0].split())
+    assert "1 the environment" in status and "an output could not be exported" in status
+    assert "exports without training" in status
 
 
 def test_python_m_tpukit_train_help_is_the_train_manual_page_and_exits_0():

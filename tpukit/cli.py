@@ -290,19 +290,23 @@ def show_main(argv: list[str], prog: str = "tpukit show") -> int:
         return EXIT_USAGE
 
 
-def _show(args, argv: list[str], overrides: list[str], not_imported: list[str]) -> int:
+def _show(args, argv: list[str], overrides: list[str], not_imported: dict[str, list[str]]) -> int:
     """`show` once the engine is started: the recipe (its named code not imported), then the plan."""
     from tpukit.recipe import load_recipe, recipe_text
     from tpukit.recipe.catalogue import placeholder_error, recipe_name
 
     recipe = load_recipe(args.recipe, overrides)
     print(recipe_text(recipe))
-    for key in not_imported:
-        name = recipe.model.name if key == "model.name" else recipe.data.source
+    for key, names in not_imported.items():
+        shown = repr(names[0]) if len(names) == 1 else repr(names)
+        arguments = (
+            ", so its arguments are shown as written, unchecked"
+            if key in ("model.name", "data.source")
+            else ""
+        )
         print(
-            f"tpukit show: {key}={name!r} is code the recipe names; show does not import it (its module's code "
-            "would run), so its arguments are shown as written, unchecked. `tpukit check` and `tpukit train` "
-            "import it."
+            f"tpukit show: {key}={shown} is code the recipe names; show does not import it (its module's code "
+            f"would run){arguments}. `tpukit check` and `tpukit train` import it."
         )
     placeholder = placeholder_error(recipe)
     if placeholder:  # the recipe is shown; its plan needs the data
@@ -478,7 +482,8 @@ COMMANDS: dict[str, Command] = {
         "--output_dir (default runs/NAME), evaluates exactly and exports model.keras and a SavedModel. The "
         "same as `python -m tpukit.train`.",
         exit_status="0 done; 1 the environment (TPU or workers unreachable, output directory locked or full, "
-        "diverged); 2 bad input (recipe, flag, changed recipe); 130 Ctrl-C; 143 SIGTERM (both after saving).",
+        "diverged), or training ended but an output could not be exported (metrics.json says which; the same "
+        "command again exports without training); 2 bad input (recipe, flag, changed recipe); 130 Ctrl-C; 143 SIGTERM (both after saving).",
         examples="tpukit train digits_cnn\n"
         "tpukit train digits_cnn --set train.epochs=5 --output_dir runs/digits\n"
         "tpukit train textfiles_char_lm --set runtime.engine=jax",

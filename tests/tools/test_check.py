@@ -80,6 +80,21 @@ def _bf16_logits_model(num_classes=10):
     return keras.Model(inputs, keras.layers.Dense(num_classes)(keras.layers.Flatten()(inputs)))
 
 
+class _Float32Only(keras.layers.Layer):
+    """Compiles and runs in float32; refuses to compute in another dtype (as an op without a bfloat16 kernel)."""
+
+    def call(self, x):
+        if self.compute_dtype != "float32":
+            raise TypeError(f"_Float32Only computes in float32 only, not {self.compute_dtype}")
+        return x
+
+
+def _float32_only_model(num_classes=10):
+    inputs = keras.Input((8, 8, 1))
+    hidden = _Float32Only()(keras.layers.Flatten()(inputs))
+    return keras.Model(inputs, keras.layers.Dense(num_classes, dtype="float32")(hidden))
+
+
 @pytest.fixture(autouse=True)
 def _registered():
     # Per test: conftest restores the registries after each test, so these names never reach other test files.
@@ -87,6 +102,7 @@ def _registered():
     tpukit.register_source("check_test_python", _python_source)
     tpukit.register_model("check_test_strings", _strings_model)
     tpukit.register_model("check_test_bf16_logits", _bf16_logits_model)
+    tpukit.register_model("check_test_float32_only", _float32_only_model)
 
 
 def _custom(model: str, source: str, **data):
@@ -264,9 +280,26 @@ def test_input_paths_tfds_default_dir_is_local():
 
 def test_xla_step_fails_on_an_op_xla_cannot_compile():
     recipe = _custom("check_test_strings", "digits")
-    rule = _rules(check_lib.check(recipe, rules=["xla_step"]))["xla_step"]
+    rules = _rules(check_lib.check(recipe, rules=["xla_step", "precision_step"]))
+    rule = rules["xla_step"]
     assert rule.status == "fail", rule
     assert "does not compile with XLA" in rule.message and "AsString" in rule.message
+    # The bfloat16 step failed, and so did the float32 one: XLA's failure, not the precision's.
+    assert rules["precision_step"].status == "skip", rules["precision_step"]
+    assert "did not compile with XLA either" in rules["precision_step"].message
+
+
+def test_a_step_that_fails_only_in_bfloat16_fails_precision_step_not_xla_step():
+    """One step in the TPU's precision answers both rules; when it fails, a float32 step tells them apart."""
+    recipe = _custom("check_test_float32_only", "digits")
+    rules = _rules(check_lib.check(recipe, rules=["xla_step", "precision_step"]))
+    assert rules["xla_step"].status == "pass", rules["xla_step"]
+    assert "compiled and ran on the CPU in float32" in rules["xla_step"].message
+    precision = rules["precision_step"]
+    assert precision.status == "fail", precision
+    assert (
+        "a mixed_bfloat16 train step failed (in float32 it compiled and ran)" in precision.message
+    )
 
 
 def test_precision_step_fails_on_bfloat16_logits():
@@ -274,6 +307,7 @@ def test_precision_step_fails_on_bfloat16_logits():
     rule = _rules(check_lib.check(recipe, rules=["precision_step"]))["precision_step"]
     assert rule.status == "fail", rule
     assert "logits in bfloat16" in rule.message and "dtype='float32'" in rule.fix
+    assert "compiled with XLA" not in rule.message  # the finding is the logits, not the compiler
     assert keras.mixed_precision.global_policy().name == "float32"  # restored
 
 
@@ -319,7 +353,7 @@ def test_a_good_recipe_passes_every_rule_and_logs_each_line_once():
         logger.setLevel(level)
     assert [r.name for r in results] == list(check_lib.RULES)
     assert {r.name: r.status for r in results} == dict.fromkeys(check_lib.RULES, "pass")
-    # The pipelines are built under two precisions and the model for two steps: their lines come once each.
+    # The pipelines are built under two precisions and the model for the step and memory: lines come once each.
     assert "tpukit: caching training examples in memory (0.4 MB)" in said.lines
     assert any(line.startswith("tpukit: output 'logits': classification") for line in said.lines)
     assert len(said.lines) == len(set(said.lines)), said.lines

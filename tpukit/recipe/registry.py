@@ -94,10 +94,12 @@ def _stand_in(name: str, key: str, keys: list[str], positional: tuple[str, ...] 
 
 
 @contextlib.contextmanager
-def stand_ins(raw: Mapping[str, Any]) -> Iterator[list[str]]:
+def stand_ins(raw: Mapping[str, Any]) -> Iterator[dict[str, list[str]]]:
     """Within: the `module:function` names of the raw recipe `raw` (`model.name`, `data.source`) that are not
     registered stand for themselves without being imported, so that loading the recipe runs no code it names.
-    Yields the keys stood in for ("model.name", ...); their arguments are taken as written, unchecked.
+    Yields each key naming code that is not imported, with the names ({"model.name": ["my_models:build"], ...}):
+    those two, whose arguments are taken as written, unchecked, and `train.loss` and `train.metrics`, which only
+    compiling the model imports.
 
     `tpukit show` promises to run nothing: importing a module runs its top-level code.
     """
@@ -106,7 +108,7 @@ def stand_ins(raw: Mapping[str, Any]) -> Iterator[list[str]]:
     from tpukit.recipe.schema import DataConfig, ModelConfig
 
     added: list[tuple[dict, str]] = []
-    keys: list[str] = []
+    keys: dict[str, list[str]] = {}
     for section, registry, config, positional in (
         ("model", MODELS, ModelConfig, ()),
         ("data", SOURCES, DataConfig, SOURCE_RESERVED_ARGS[:2]),
@@ -120,12 +122,30 @@ def stand_ins(raw: Mapping[str, Any]) -> Iterator[list[str]]:
         arguments = [k for k in values if isinstance(k, str) and k not in own]
         registry[name] = _stand_in(name, f"{section}.{field}", arguments, positional)
         added.append((registry, name))
-        keys.append(f"{section}.{field}")
+        keys[f"{section}.{field}"] = [name]
+    train = raw.get("train") if isinstance(raw, Mapping) else None
+    for field in ("loss", "metrics"):
+        value = train.get(field) if isinstance(train, Mapping) else None
+        # A name, or a list or per-output mapping of names (or of lists of names).
+        names = [n for n in _strings(value) if ":" in n]
+        if names:
+            keys[f"train.{field}"] = names
     try:
         yield keys
     finally:
         for registry, name in added:
             registry.pop(name, None)
+
+
+def _strings(value: Any) -> list[str]:
+    """The strings in `value`, a string or nested lists and mappings of them (in order; mappings' values)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, Mapping):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        return [s for item in value for s in _strings(item)]
+    return []
 
 
 def _register(registry: dict[str, Callable], kind: str, name: str, fn: Callable | None):

@@ -20,7 +20,8 @@ Before any TPU hour is spent, each rule below passes, warns or fails, and a fail
 * `xla_step`: one training step of the recipe's model, compiled with XLA (`jit_compile=True`) on the CPU.
 * `precision_step`: one step in the precision the TPU would use (`runtime.precision: auto` -> `mixed_bfloat16`)
   gives a finite loss, computes in bfloat16 and keeps float32 variables and float32 logits (as Keras' mixed
-  policy does).
+  policy does). One XLA-compiled step in that precision answers both rules; only when it fails does a float32 step
+  run, to tell XLA's failure (`xla_step` fails) from the precision's (`precision_step` fails).
 * `mesh` (a recipe the jax engine trains on the TPU only, reported first: `runtime.engine: jax`, or `auto` where no
   TensorFlow TPU build is installed here, as on Colab and Kaggle): `runtime.mesh` fits the cores (`model`
   divides them; `data` x `model` is at most their number) and the global and eval batches divide by the `data`
@@ -700,9 +701,11 @@ class _Context:
         config = self.recipe.data
         try:
             _remote_data_answers(config)
-            self.counts["train"] = count_examples(self.recipe, config.train_split)
-            if config.eval_split:
-                self.counts["eval"] = count_examples(self.recipe, config.eval_split)
+            # TFDS' warnings about a half-downloaded folder say nothing the error does not.
+            with offline.quiet_tfds():
+                self.counts["train"] = count_examples(self.recipe, config.train_split)
+                if config.eval_split:
+                    self.counts["eval"] = count_examples(self.recipe, config.eval_split)
         except Exception as error:  # noqa: BLE001 - reported by the rules, never raised
             self.counts = {}
             if offline.published_sizes(config) is None or not (
@@ -869,117 +872,146 @@ def _dtypes(x) -> str:
     return ", ".join(sorted({t.dtype.name for t in tf.nest.flatten(x)}))
 
 
-def xla_step_rule(context: _Context) -> tuple[Rule, Any]:
-    """One `jit_compile=True` train step in float32 on the default (CPU) strategy; returns the rule and model."""
-    import numpy as np
+@dataclasses.dataclass
+class _Step:
+    """One `jit_compile=True` train step of the recipe's model under dtype policy `policy`: the batch it took, the
+    model, its loss and its outputs' dtypes; or `error`, what it raised (`batch_error`: no batch to take)."""
+
+    policy: str
+    x: Any = None
+    model: Any = None
+    loss: float = float("nan")
+    outputs: tuple[str, ...] = ()
+    error: BaseException | None = None
+    batch_error: BaseException | None = None
+
+
+def _train_step(context: _Context, policy: str) -> _Step:
+    """Builds the model under `policy` and runs one XLA-compiled step on one core's first batch. The outputs' dtypes
+    are traced (`compute_output_spec`), not computed: an eager call runs op by op (hundreds of small compiles on
+    Keras' JAX backend)."""
+    import keras
 
     from tpukit import task
     from tpukit.engines.keras.session import dtype_policy
 
-    recipe = context.recipe
-    try:
-        x, y = _first_batch(context.datasets("float32")["train"])
-    except Exception as error:  # noqa: BLE001 - the check reports any failure as its rule's finding
-        return Rule(
-            "xla_step", "skip", f"no training batch to compile for: {_first_line(error)}"
-        ), None
-    try:
-        with dtype_policy("float32"):
-            model = task.build_model(recipe, 10, True, 1)
-            logs = model.train_on_batch(x, y, return_dict=True)
-    except Exception as error:  # noqa: BLE001 - the failure is the finding
-        return Rule(
-            "xla_step",
-            "fail",
-            f"the train step does not compile with XLA on the CPU: {_first_line(error)}",
-            "replace the op XLA names (often a string, py_function or data-dependent-shape op in the model) "
-            "with one XLA supports (tensorflow.org/xla/operation_semantics)",
-        ), None
-    loss = float(logs["loss"])
-    if not np.isfinite(loss):
-        return Rule("xla_step", "fail", f"the XLA-compiled step gave loss {loss}."), model
-    return Rule(
-        "xla_step",
-        "pass",
-        f"one jit_compile=True step at the per-core batch {_shapes(x)} compiled and ran on the CPU (loss "
-        f"{loss:.4f}).",
-    ), model
-
-
-def precision_step_rule(context: _Context) -> tuple[Rule, Any, str]:
-    """One step in the TPU's precision: finite loss, the compute dtype, float32 variables and logits."""
-    import numpy as np
-    import tensorflow as tf
-
-    from tpukit import task
-    from tpukit.engines.keras.session import dtype_policy
-
-    recipe = context.recipe
-    policy = performance.choose_precision(recipe.runtime.precision, "tpu").value
     try:
         x, y = _first_batch(context.datasets(policy)["train"])
     except Exception as error:  # noqa: BLE001 - the check reports any failure as its rule's finding
-        return (
-            Rule("precision_step", "skip", f"no training batch: {_first_line(error)}"),
-            None,
-            policy,
-        )
+        return _Step(policy, batch_error=error)
     try:
         with dtype_policy(policy):
-            model = task.build_model(recipe, 10, False, 1)
+            model = task.build_model(context.recipe, 10, True, 1)
             logs = model.train_on_batch(x, y, return_dict=True)
-            logits = tf.nest.flatten(model(x, training=False))
-    except Exception as error:  # noqa: BLE001 - the check reports any failure as its rule's finding
-        return (
-            Rule("precision_step", "fail", f"a {policy} train step failed: {_first_line(error)}"),
-            None,
-            policy,
+            specs = keras.tree.map_structure(lambda t: keras.KerasTensor(t.shape, t.dtype), x)
+            outputs = keras.tree.flatten(model.compute_output_spec(specs))
+    except Exception as error:  # noqa: BLE001 - the failure is the finding
+        return _Step(policy, x=x, error=error)
+    dtypes = tuple(sorted({keras.backend.standardize_dtype(t.dtype) for t in outputs}))
+    return _Step(policy, x, model, float(logs["loss"]), dtypes)
+
+
+def step_rules(context: _Context) -> tuple[Rule, Rule, Any, str]:
+    """`xla_step` and `precision_step` from one XLA-compiled step in the TPU's precision; returns both rules, the
+    model (for `memory`; None when the step failed) and the policy.
+
+    Only when that step fails or gives a non-finite loss does a float32 step run, to tell "XLA cannot compile it"
+    (both fail: `xla_step` fails, `precision_step` is skipped) from "it fails in the TPU's precision" (the float32
+    step passes `xla_step`, `precision_step` fails)."""
+    import numpy as np
+
+    policy = performance.choose_precision(context.recipe.runtime.precision, "tpu").value
+    step = _train_step(context, policy)
+    plain = step
+    if policy != "float32" and step.batch_error is None:
+        if step.error is not None or not np.isfinite(step.loss):
+            plain = _train_step(context, "float32")
+    return _xla_rule(plain), _precision_rule(step, plain), step.model, policy
+
+
+def _xla_rule(step: _Step) -> Rule:
+    """`xla_step` from `step`, the first XLA-compiled step that ran (the TPU's precision, or float32)."""
+    import numpy as np
+
+    if step.batch_error is not None:
+        return Rule(
+            "xla_step", "skip", f"no training batch to compile for: {_first_line(step.batch_error)}"
         )
+    if step.error is not None:
+        return Rule(
+            "xla_step",
+            "fail",
+            f"the train step does not compile with XLA on the CPU: {_first_line(step.error)}",
+            "replace the op XLA names (often a string, py_function or data-dependent-shape op in the model) "
+            "with one XLA supports (tensorflow.org/xla/operation_semantics)",
+        )
+    if not np.isfinite(step.loss):
+        return Rule(
+            "xla_step", "fail", f"the XLA-compiled step gave loss {step.loss} in {step.policy}."
+        )
+    return Rule(
+        "xla_step",
+        "pass",
+        f"one jit_compile=True step at the per-core batch {_shapes(step.x)} compiled and ran on the CPU in "
+        f"{step.policy} (loss {step.loss:.4f}).",
+    )
+
+
+def _precision_rule(step: _Step, plain: _Step) -> Rule:
+    """`precision_step` from `step` in the TPU's precision: finite loss, the compute dtype, float32 variables and
+    logits. `plain`: the float32 step run when `step` failed (`step` itself in float32)."""
+    import numpy as np
+
+    policy = step.policy
+    if step.batch_error is not None:
+        return Rule("precision_step", "skip", f"no training batch: {_first_line(step.batch_error)}")
+    if step.error is not None:
+        if plain.error is not None or plain.batch_error is not None:
+            return Rule(
+                "precision_step",
+                "skip",
+                f"the {policy} step did not compile with XLA either, as xla_step says: its precision is not "
+                "checked.",
+            )
+        return Rule(
+            "precision_step",
+            "fail",
+            f"a {policy} train step failed (in float32 it compiled and ran): {_first_line(step.error)}",
+        )
+    model = step.model
     compute = model.dtype_policy.compute_dtype
     expected_compute = {"mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}.get(
         policy, "float32"
     )
     problems = []
-    loss = float(logs["loss"])
-    if not np.isfinite(loss):
-        problems.append(f"loss {loss}")
+    if not np.isfinite(step.loss):
+        problems.append(f"loss {step.loss}")
     if compute != expected_compute:
         problems.append(f"the model computes in {compute}, not {expected_compute}")
     variables = sorted(
         {str(v.dtype) for v in model.weights} | {str(v.dtype) for v in model.optimizer.variables}
     )
-    if variables != ["float32"] and not (
-        # The optimizer's step counter is an integer (int64 on TensorFlow, int32 on JAX): not a weight.
-        set(variables) <= {"float32", "int64", "int32"}
-    ):
+    # The optimizer's step counter is an integer (int64 on TensorFlow, int32 on JAX): not a weight.
+    if not set(variables) <= {"float32", "int64", "int32"}:
         problems.append(f"variables in {', '.join(variables)} (Keras keeps them float32)")
-    outputs = sorted({str(t.dtype.name) for t in logits})
-    if outputs != ["float32"]:
+    if step.outputs != ("float32",):
         problems.append(
-            f"logits in {', '.join(outputs)}: a softmax in {outputs[0]} loses precision; end the model "
-            "with a layer of dtype='float32'"
+            f"logits in {', '.join(step.outputs)}: a softmax in {step.outputs[0]} loses precision; end the "
+            "model with a layer of dtype='float32'"
         )
     if problems:
-        return (
-            Rule(
-                "precision_step",
-                "fail",
-                f"one {policy} step: " + "; ".join(problems) + ".",
-                "build the model so Keras' mixed policy applies (no hard-coded dtypes in layers) and give the last "
-                "layer dtype='float32'",
-            ),
-            model,
-            policy,
-        )
-    return (
-        Rule(
+        return Rule(
             "precision_step",
-            "pass",
-            f"one {policy} step (the TPU's precision): loss {loss:.4f}, computes in {compute}, float32 "
-            f"variables and logits, inputs in {_dtypes(x)}.",
-        ),
-        model,
-        policy,
+            "fail",
+            f"one {policy} step: " + "; ".join(problems) + ".",
+            "build the model so Keras' mixed policy applies (no hard-coded dtypes in layers) and give the last "
+            "layer dtype='float32'",
+        )
+    return Rule(
+        "precision_step",
+        "pass",
+        f"one {policy} step (the TPU's precision), compiled with XLA: loss {step.loss:.4f}, computes in "
+        f"{compute}, float32 variables and logits, inputs in {_dtypes(step.x)}.",
     )
 
 
@@ -1135,8 +1167,9 @@ def _nbytes(variable) -> int:
 @contextlib.contextmanager
 def _each_line_once() -> Iterator[None]:
     """tpukit's log lines said once each: the check builds the input pipelines under two precisions (float32 for
-    the XLA step, the TPU's for its own step) and the model once per step, and each build logs the same lines
-    ("caching training examples in memory", the output's task), which a second time say nothing new."""
+    the data rules, the TPU's for the step) and the model again where the step failed or memory needs it, and each
+    build logs the same lines ("caching training examples in memory", the output's task), which a second time say
+    nothing new."""
     logger = logging.getLogger("tpukit")  # every tpukit module logs to this one logger
     said: set[str] = set()
 
@@ -1237,10 +1270,10 @@ def _rules(recipe: Recipe, context: _Context, wanted: tuple[str, ...]) -> list[R
                 )
     if "input_paths" in wanted:
         results["input_paths"] = input_paths_rule(recipe, target)
-    if "xla_step" in wanted:
-        results["xla_step"], _ = xla_step_rule(context)
-    if "precision_step" in wanted:
-        results["precision_step"], model, policy = precision_step_rule(context)
+    # One step answers both rules (and builds the model memory counts).
+    if {"xla_step", "precision_step"} & set(wanted):
+        xla, precision, model, policy = step_rules(context)
+        results.update((r.name, r) for r in (xla, precision) if r.name in wanted)
     if "memory" in wanted:
         if model is None:
             policy = performance.choose_precision(recipe.runtime.precision, "tpu").value

@@ -77,18 +77,27 @@ def catalogue_data(config, num_examples: int = 64) -> Iterator[Published]:
     published = published_sizes(config)
     counted = data.EXAMPLE_COUNTS.get(config.source)
     data.EXAMPLE_COUNTS[config.source] = published.size
-    absl_logger = logging.getLogger("absl")
-    level = absl_logger.level
-    # TFDS' mock warns once per feature that `TensorInfo.dtype` is deprecated: its own internals, not the user's.
-    absl_logger.setLevel(logging.ERROR)
     try:
-        with tfds.testing.mock_data(num_examples=num_examples):
+        with quiet_tfds(), tfds.testing.mock_data(num_examples=num_examples):
             yield published
     finally:
         if counted is None:
             del data.EXAMPLE_COUNTS[config.source]
         else:
             data.EXAMPLE_COUNTS[config.source] = counted
+
+
+@contextlib.contextmanager
+def quiet_tfds() -> Iterator[None]:
+    """Within: TFDS' warnings (logged through absl) are not printed. Looking for data that is not here, TFDS warns
+    about its own state, not the user's: "Variant folder .../cifar10/3.0.2 has no dataset_info.json" (a download
+    that never finished), and its mock, once per feature, that `TensorInfo.dtype` is deprecated."""
+    absl_logger = logging.getLogger("absl")
+    level = absl_logger.level
+    absl_logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
         absl_logger.setLevel(level)
 
 

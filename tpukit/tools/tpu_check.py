@@ -95,8 +95,12 @@ def _tfds_missing(recipe: Recipe) -> str | None:
         return None
     import tensorflow_datasets as tfds
 
+    from tpukit.tools import offline
+
     try:
-        prepared = tfds.builder(name, data_dir=options.get("data_dir")).is_prepared()
+        # A half-downloaded folder's warning: the answer is "not prepared".
+        with offline.quiet_tfds():
+            prepared = tfds.builder(name, data_dir=options.get("data_dir")).is_prepared()
     except Exception:  # noqa: BLE001 - an unknown name: the source's own error comes later, with its fix
         return None
     return None if prepared else name
@@ -112,19 +116,13 @@ def _data_here(recipe: Recipe):
         return
     import tensorflow_datasets as tfds
 
-    absl_logger = logging.getLogger("absl")
-    level = absl_logger.level
-    absl_logger.setLevel(
-        logging.ERROR
-    )  # TFDS' mock warns per feature about its own deprecated internals
-    try:
-        with tfds.testing.mock_data(num_examples=64):
-            yield (
-                f"tfds {missing!r} is not downloaded here: the batch's shapes and the labels' task come from its "
-                "feature spec (tfds.testing.mock_data), the step count from the catalogue's split size"
-            )
-    finally:
-        absl_logger.setLevel(level)
+    from tpukit.tools import offline
+
+    with offline.quiet_tfds(), tfds.testing.mock_data(num_examples=64):
+        yield (
+            f"tfds {missing!r} is not downloaded here: the batch's shapes and the labels' task come from its "
+            "feature spec (tfds.testing.mock_data), the step count from the catalogue's split size"
+        )
 
 
 def total_steps(recipe: Recipe, mocked: bool = False) -> int | None:
