@@ -33,7 +33,7 @@ from tpukit.engines.jax import compat, compilation_cache, cpu, peers
 from tpukit.engines.jax.saved_model import SavedModelExport
 from tpukit.engines.keras import callbacks as callbacks_lib
 from tpukit.engines.keras import export as export_lib
-from tpukit.engines.keras import flops, trainer
+from tpukit.engines.keras import flops, keras_private, trainer
 from tpukit.engines.keras import session as session_lib
 from tpukit.engines.keras.checkpoint import CheckpointCorruptError, CheckpointMismatchError
 from tpukit.engines.keras.export import (
@@ -323,7 +323,8 @@ def _compiled(
     # One device in one process: built as plain Keras builds it (`_needs_mesh`), no layouts to place; the values
     # are the same either way.
     mesh = _needs_mesh(the_plan.strategy)
-    with distribution.scope() if mesh else contextlib.nullcontext():
+    # Named as in a new process (`keras_private.fresh_names`): the checkpoint matches variables by path.
+    with distribution.scope() if mesh else contextlib.nullcontext(), keras_private.fresh_names():
         try:
             model = task.build_model(
                 recipe,

@@ -136,3 +136,36 @@ def averages_kept_apart(optimizer) -> Iterator[None]:
         yield
     finally:
         del optimizer.finalize_variable_values  # back to Keras' method
+
+
+@contextlib.contextmanager
+def fresh_names() -> Iterator[None]:
+    """Inside the block, Keras names new layers, variables, optimizers and seed generators as in a new process
+    (`dense`, `dense_1`, ...); afterwards the caller's own counters are back, raised past every name the block
+    used, so the caller's later objects still get names of their own.
+
+    The engines build the model in it: the jax engine's checkpoints match variables by path
+    (`dense_1/kernel`, `adam/dense_1_kernel_momentum`), layout keys and output names are names too, and a second
+    `tpukit.fit` in a notebook would otherwise build `dense_2`, `dense_3` and not resume. In a new process (the
+    CLI) the counters are empty when the model is built, so its names are unchanged. Keras has no public way to
+    read or set its per-prefix counters (`keras.backend.get_uid` only counts up; `clear_session` drops the
+    user's whole session): they are the thread's global attribute `object_name_uids`, a `defaultdict(int)`
+    (keras/src/utils/naming.py `uniquify` and `get_uid`, keras/src/backend/common/global_state.py). No upstream
+    issue. Tested: Keras 3.15.x on TensorFlow 2.19-2.21 and JAX 0.10-0.12.
+    """
+    import collections
+
+    from keras.src.backend.common import global_state
+
+    key = "object_name_uids"
+    callers = global_state.get_global_attribute(key)
+    global_state.set_global_attribute(key, collections.defaultdict(int))
+    try:
+        yield
+    finally:
+        # Read again: a builder calling `keras.backend.clear_session()` replaced the whole global state.
+        used = global_state.get_global_attribute(key) or {}
+        merged = callers if callers is not None else collections.defaultdict(int)
+        for prefix, count in used.items():
+            merged[prefix] = max(merged[prefix], count)
+        global_state.set_global_attribute(key, merged)

@@ -126,7 +126,7 @@ def _compiled(
     resuming: bool = False,
     labels=None,
 ):
-    with strategy.scope():
+    with strategy.scope(), keras_private.fresh_names():  # the names of a new process, rerun or not
         return task.build_model(
             recipe, total_steps, jit, steps_per_execution, resuming=resuming, labels=labels
         )
