@@ -181,7 +181,7 @@ def test_an_entry_for_a_variable_its_layer_lacks_warns(caplog, monkeypatch):
 
 
 def test_a_keras_layout_map_becomes_a_layout_over_its_own_mesh():
-    from tpukit.planner.layouts import from_keras
+    from tpukit.recipe.layout_maps import from_keras
 
     layout_map = keras_layout_map(
         {"token_embedding/embeddings": ("model", "batch"), "d2/output": ("batch", None)},
@@ -210,14 +210,14 @@ def test_a_keras_layout_map_becomes_a_layout_over_its_own_mesh():
     ],
 )
 def test_mesh_axes_that_cannot_be_mapped_are_refused(shape, names, expected):
-    from tpukit.planner.layouts import from_keras
+    from tpukit.recipe.layout_maps import from_keras
 
     with pytest.raises(RecipeError, match=re.escape(expected)):
         from_keras(keras_layout_map({}, shape, names), "auto")
 
 
 def test_a_layout_builder_is_called_with_tpukits_mesh_and_axis_names():
-    from tpukit.planner.layouts import from_keras
+    from tpukit.recipe.layout_maps import from_keras
 
     calls = []
 

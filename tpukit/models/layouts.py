@@ -1,6 +1,6 @@
 """Default weight layouts of the built-in models for the jax engine's `model` mesh axis (`runtime.mesh.model`).
 
-Pure data: {model name: {regex matched whole against a variable's path: one axis name or None per dimension}}.
+Data: {model name: {regex matched whole against a variable's path: one axis name or None per dimension}}.
 Megatron-style tensor parallelism (Shoeybi et al. 2019; the layout Keras' distribution guide and KerasHub's
 `get_layout_map` use): a transformer block's first matmul of each pair (attention `qkv`, `mlp_in`) splits its output
 columns on `model` and the second (`output`, `mlp_out`) its input rows, so the activations between them stay split;
@@ -10,6 +10,8 @@ checks every entry against the model and every split dimension against the axis 
 """
 
 from __future__ import annotations
+
+import math
 
 _TRANSFORMER = {
     r"(.*/)?token_embedding/embeddings": (None, "model"),
@@ -45,3 +47,15 @@ DEFAULT_LAYOUTS: dict[str, dict[str, tuple[str | None, ...]]] = {
     # builder pads every table to a multiple of the axis (`vocabulary_multiple`, set by tpukit.task).
     "dcn_ranking": {r"embedding/[^/]+/embeddings": ("model", None)},
 }
+
+
+def placeholder_mesh(shape: tuple[int, ...], axis_names: list[str]):
+    """A `keras.distribution.DeviceMesh` of `shape` whose devices are placeholders: what a layout builder
+    (KerasHub's `get_layout_map`) is called with before any device is known; it reads only the axis names."""
+    import keras
+    import numpy as np
+
+    count = math.prod(shape)
+    return keras.distribution.DeviceMesh(
+        shape, axis_names, devices=np.array([f"device{i}" for i in range(count)])
+    )

@@ -894,10 +894,10 @@ MESH_AXES = ("data", "model")
 
 def _keras_layout(config: RuntimeConfig) -> None:
     """A Keras `LayoutMap` (or a builder of one) in `runtime.layout` as plain data, its mesh in `runtime.mesh`
-    (`tpukit.planner.layouts.from_keras`), so the recipe stays YAML; the axis mapping is logged once."""
+    (`tpukit.recipe.layout_maps.from_keras`), so the recipe stays YAML; the axis mapping is logged once."""
     if config.layout is None or isinstance(config.layout, dict):
         return
-    from tpukit.planner.layouts import from_keras, is_layout_map
+    from tpukit.recipe.layout_maps import from_keras, is_layout_map
 
     converted = from_keras(config.layout, config.mesh)
     if converted is None:
