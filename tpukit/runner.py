@@ -88,11 +88,17 @@ class ExportFailedError(RuntimeError):
         checkpoints = checkpoint_dir or os.path.join(output_dir, "checkpoints")
         super().__init__(
             f"the run reached step {metrics['step']}, but {count} could not be exported ({names}); {where}. "
-            + " ".join(reason.rstrip(".") + "." for reason in missing.values())
+            + " ".join(_sentence(reason) for reason in missing.values())
             + f" The trained checkpoint is kept (step {metrics['step']} in {checkpoints}): after the fix, run the "
             "same command: it goes on from that checkpoint, and a finished training is not repeated, only "
             "exported again."
         )
+
+
+def _sentence(reason: str) -> str:
+    """A missing output's reason as a sentence of the paragraph ("the SavedModel ..." -> "The SavedModel ...")."""
+    reason = reason.rstrip(".") + "."
+    return "T" + reason[1:] if reason.startswith("the ") else reason
 
 
 def make_plan(

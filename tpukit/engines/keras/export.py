@@ -228,18 +228,23 @@ def rebuild_failure(config: dict, classes: dict | None = None) -> str | None:
         ):
             keras.saving.deserialize_keras_object(config)
     except Exception as error:  # noqa: BLE001 - whatever stops the rebuild stops loading the file
-        # Keras' wrapper hides the layer's own error ("missing 1 required positional argument").
-        while (error.__cause__ or error.__context__) is not None:
-            error = error.__cause__ or error.__context__
-        text = " ".join(str(error).split())
+        text = innermost(error)
         if keras_private.STATELESS_VARIABLE in text:
             # A variable made from a value, not an initializer (a KerasHub task compiles itself in `__init__`,
             # and its optimizer's step counter is one): it cannot be left unmade, so the rebuild says nothing.
             return None
-        return f"{type(error).__name__}: {text[:300]}"
+        return text[:300]
     finally:
         keras.distribution.set_distribution(distribution)
     return None
+
+
+def innermost(error: BaseException) -> str:
+    """ "Type: text" of the error at the root of `error`'s chain, on one line: Keras' deserializing wrapper hides
+    the layer's own error ("missing 1 required positional argument: 'factor'")."""
+    while (error.__cause__ or error.__context__) is not None:
+        error = error.__cause__ or error.__context__
+    return f"{type(error).__name__}: {' '.join(str(error).split())}"
 
 
 def own_classes(config) -> dict:
@@ -678,7 +683,7 @@ def main(argv: list[str]) -> int:
         model = keras.saving.load_model(keras_path, compile=False)
     except Exception as error:  # noqa: BLE001 - the file itself is broken: the run names model.keras
         # The last line, which the run reads back (`LOAD_MARK`).
-        print(f"{LOAD_MARK}{type(error).__name__}: {' '.join(str(error).split())[:300]}")
+        print(f"{LOAD_MARK}{innermost(error)[:300]}")
         return 1
     try:
         export_saved_model(model, output_dir)
