@@ -278,3 +278,17 @@ def test_jax_a_config_that_does_not_rebuild_exports_weights_not_a_broken_file(tm
     assert "'factor'" in metrics["outputs_skipped"]["keras"]
     assert "the one model.keras names" in metrics["outputs_skipped"]["saved_model"]
     assert not (out / "model.keras").exists()
+
+
+def test_the_exporting_command_lets_a_missing_class_name_itself(tmp_path):
+    class Elsewhere(keras.layers.Layer):  # unregistered: the exporting process cannot find it
+        def call(self, x):
+            return x
+
+    inputs = keras.Input((4,))
+    path = str(tmp_path / "model.keras")
+    keras.Model(inputs, Elsewhere()(inputs)).save(path)
+    with pytest.raises(TypeError, match="Could not locate class"):
+        export.main(
+            [path, str(tmp_path)]
+        )  # not LOAD_MARK: the file is sound, the run names the SavedModel

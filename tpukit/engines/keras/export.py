@@ -682,6 +682,8 @@ def main(argv: list[str]) -> int:
     try:
         model = keras.saving.load_model(keras_path, compile=False)
     except Exception as error:  # noqa: BLE001 - the file itself is broken: the run names model.keras
+        if "Could not locate class" in str(error):
+            raise  # the file is sound, this process lacks a class (the run names the SavedModel, and the fix)
         # The last line, which the run reads back (`LOAD_MARK`).
         print(f"{LOAD_MARK}{innermost(error)[:300]}")
         return 1
