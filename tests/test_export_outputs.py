@@ -219,8 +219,8 @@ def test_a_failed_export_writes_metrics_keeps_the_checkpoint_and_the_rerun_expor
     message = str(raised.value)
     assert "\n" not in message
     for part in (
-        "an output could not be exported (saved_model)",
-        "the SavedModel could not be exported (RuntimeError: injected: the SavedModel writer broke)",
+        "an output could not be exported (the SavedModel)",
+        "The SavedModel could not be exported (RuntimeError: injected: the SavedModel writer broke)",
         f"metrics are written to {tmp_path / 'metrics.json'}",
         "trained checkpoint is kept (step 4",
         "run the same command",

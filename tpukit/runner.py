@@ -62,9 +62,19 @@ class TrainingInterrupted(KeyboardInterrupt):
 class ExportFailedError(RuntimeError):
     """The run trained (and evaluated) but an output could not be exported: `metrics` (also written to
     `metrics.json`, with `status: failed` and `outputs_missing` naming each missing output and why) keeps its
-    numbers; the trained checkpoint is kept, and running the same command again exports without training again."""
+    numbers; the trained checkpoint (in `checkpoint_dir`) is kept, and running the same command again exports
+    without training again. The message is one paragraph: each missing output by its file name, why and its fix,
+    then once the checkpoint kept and the rerun."""
 
-    def __init__(self, metrics: dict, output_dir: str, metrics_written: bool = True):
+    def __init__(
+        self,
+        metrics: dict,
+        output_dir: str,
+        metrics_written: bool = True,
+        checkpoint_dir: str | None = None,
+    ):
+        from tpukit.engines.keras.export import OUTPUT_NAMES
+
         self.metrics = metrics
         self.output_dir = output_dir
         missing = metrics["outputs_missing"]
@@ -74,10 +84,21 @@ class ExportFailedError(RuntimeError):
             else "metrics.json could not be written either"
         )
         count = "an output" if len(missing) == 1 else f"{len(missing)} outputs"
+        names = ", ".join(OUTPUT_NAMES.get(name, name) for name in missing)
+        checkpoints = checkpoint_dir or os.path.join(output_dir, "checkpoints")
         super().__init__(
-            f"the run reached step {metrics['step']}, but {count} could not be exported "
-            f"({', '.join(missing)}); {where}. " + " ".join(missing.values())
+            f"the run reached step {metrics['step']}, but {count} could not be exported ({names}); {where}. "
+            + " ".join(_sentence(reason) for reason in missing.values())
+            + f" The trained checkpoint is kept (step {metrics['step']} in {checkpoints}): after the fix, run the "
+            "same command: it goes on from that checkpoint, and a finished training is not repeated, only "
+            "exported again."
         )
+
+
+def _sentence(reason: str) -> str:
+    """A missing output's reason as a sentence of the paragraph ("the SavedModel ..." -> "The SavedModel ...")."""
+    reason = reason.rstrip(".") + "."
+    return "T" + reason[1:] if reason.startswith("the ") else reason
 
 
 def make_plan(
@@ -404,8 +425,15 @@ def _failed_export(the_plan: Plan, metrics: dict, files) -> ExportFailedError:
     except (
         OSError
     ):  # the disk that refused the export may refuse this too: the error still says why
-        return ExportFailedError(metrics, the_plan.output_dir, metrics_written=False)
-    return ExportFailedError(metrics, the_plan.output_dir)
+        written = False
+    else:
+        written = True
+    return ExportFailedError(
+        metrics,
+        the_plan.output_dir,
+        metrics_written=written,
+        checkpoint_dir=the_plan.checkpoint_dir,
+    )
 
 
 def _with_engine_reason(metrics: dict, the_plan: Plan) -> dict:

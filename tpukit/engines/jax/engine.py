@@ -635,6 +635,18 @@ def _export_saved_model(session: Session, keras_path: str, exported: dict) -> st
     if exporting is None:
         exporting = session.saved_model = SavedModelExport.start()
     failure = exporting.run(keras_path, output_dir)
+    if failure is not None and export_lib.LOAD_MARK in failure:
+        # The file written is what fails (its config does not rebuild with its weights): model.keras is missing.
+        why = failure.split(export_lib.LOAD_MARK, 1)[1]
+        raise export_lib.OutputsMissing(
+            {},
+            {
+                "keras": export_lib.BrokenOutput(
+                    f"the model.keras written at {keras_path} does not load in another process ({why})"
+                ),
+                "saved_model": RuntimeError("it is made from model.keras, which does not load"),
+            },
+        )
     if failure is not None:
         unwritten = ExportWriteError.from_line(failure, SAVED_MODEL_WHAT, saved_model)
         if (

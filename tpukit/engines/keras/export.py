@@ -78,6 +78,13 @@ class ExportWriteError(OSError):
             "exported again."
         )
 
+    def reason(self, earlier: str = "") -> str:
+        """What failed and where, `earlier` (`earlier_output`), and the fix: an entry of `outputs_missing`."""
+        _, fix = OUTPUT_ERRNOS[self.code]
+        return (
+            f"{self}{earlier}. Fix: {fix} (or pass another --output_dir holding a copy of the run)"
+        )
+
     def to_line(self) -> str:
         """One short line that `from_line` reads back (the jax engine's exporting process prints it)."""
         return LINE_MARK + json.dumps([self.code, self.detail[:200]])
@@ -96,6 +103,8 @@ class ExportWriteError(OSError):
 
 
 LINE_MARK = "tpukit: export write failed: "
+# The line `main` prints when the `.keras` file it was given does not load: the file is what failed.
+LOAD_MARK = "tpukit: model.keras does not load: "
 
 
 # An output's key in `metrics.json` (`exported`, `outputs_missing`, `outputs_skipped`) -> what it is called in messages.
@@ -104,6 +113,35 @@ OUTPUT_NAMES = {
     "weights": WEIGHTS_FILENAME,
     "saved_model": SAVED_MODEL_WHAT,
 }
+
+
+# An output's key -> its file (or directory) name in the output directory.
+OUTPUT_FILES = {
+    "keras": KERAS_FILENAME,
+    "weights": WEIGHTS_FILENAME,
+    "saved_model": SAVED_MODEL_DIRNAME,
+}
+
+
+def earlier_output(name: str, output_dir: str) -> str:
+    """For an output this export could not write: that a file at its path is an earlier export's (outputs are
+    written under a temporary name and renamed, so a failure leaves the earlier one intact), or ""."""
+    import tensorflow as tf
+
+    filename = OUTPUT_FILES.get(name)
+    if filename is None:
+        return ""
+    try:
+        there = tf.io.gfile.exists(os.path.join(output_dir, filename))
+    except Exception:  # noqa: BLE001 - an output directory that cannot be read says nothing more
+        return ""
+    shown = filename + ("/" if name == "saved_model" else "")
+    return f"; the {shown} there is an earlier export's, not this run's" if there else ""
+
+
+class BrokenOutput(RuntimeError):
+    """An output written by this export that does not load (the jax engine's exporting process failed to load
+    `model.keras`): the file at its path is this run's, not an earlier one."""
 
 
 class OutputsMissing(Exception):
@@ -125,13 +163,16 @@ def exported_model(model):
 
 
 def unserializable(model) -> str | None:
-    """Why `model.keras` cannot hold `model` (Keras rebuilds a model from its config, and this one has none: a
-    subclassed model whose `__init__` takes an argument Keras cannot serialize and that defines no
-    `get_config`), or None. Serializes the config as `model.save` does; nothing is written."""
+    """Why `model.keras` cannot hold `model`, or None: Keras rebuilds a model from its config, and this one has
+    none (a subclassed model whose `__init__` takes an argument Keras cannot serialize and that defines no
+    `get_config`), or one that does not serialize, or one that does not rebuild (a layer whose `get_config` omits
+    an argument its `__init__` requires: the file would be written, and would not load). Serializes the config as
+    `model.save` does and rebuilds the model from it without its weights (`rebuild_failure`); nothing is written."""
     import keras
 
     try:
-        json.dumps(keras.saving.serialize_keras_object(model))
+        config = keras.saving.serialize_keras_object(model)
+        json.dumps(config)
     except NotImplementedError:
         return (
             f"model.keras cannot hold {type(model).__name__}: its __init__ takes arguments Keras cannot "
@@ -144,7 +185,96 @@ def unserializable(model) -> str | None:
             f"({type(error).__name__}: {' '.join(str(error).split())[:200]}; Fix: make get_config return "
             "plain values)"
         )
+    failure = rebuild_failure(config, model_classes(model))
+    if failure is not None:
+        return (
+            f"model.keras cannot hold {type(model).__name__}: Keras could not rebuild it from its config, so the "
+            f"file would not load ({failure}; Fix: make each get_config return every argument its __init__ "
+            "requires, or define from_config)"
+        )
     return None
+
+
+def model_classes(model) -> dict:
+    """The classes of `model` and of every layer in it, by the name its config records: what loading its file in
+    this process finds (registered, or passed as `custom_objects` by a script that defines them locally)."""
+    import keras
+
+    from tpukit.engines.keras import keras_private
+
+    classes = keras_private.layer_classes(model) | {type(model)}
+    return {keras.saving.get_registered_name(cls): cls for cls in classes}
+
+
+def rebuild_failure(config: dict, classes: dict | None = None) -> str | None:
+    """Why Keras cannot rebuild a model from its serialized `config` (`keras.saving.serialize_keras_object`), as
+    loading `model.keras` does, or None. Rebuilt without weights (its variables hold no values:
+    `keras_private.variables_left_unmade`) and with no distribution, the classes of the config found where this
+    process has them (`classes`, name -> class: `model_classes`; and `own_classes`). Its compile config is left
+    out, as `load_model(compile=False)` does. A model
+    whose rebuild makes a variable from a value (a KerasHub task's own optimizer) is not judged here (None): on the
+    jax engine the exporting process's load of the file judges it (`LOAD_MARK`)."""
+    import keras
+
+    from tpukit.engines.keras import keras_private
+
+    config = {key: value for key, value in config.items() if key != "compile_config"}
+    distribution = keras.distribution.distribution()
+    keras.distribution.set_distribution(None)
+    try:
+        with (
+            keras.saving.custom_object_scope({**own_classes(config), **(classes or {})}),
+            keras_private.variables_left_unmade(),
+        ):
+            keras.saving.deserialize_keras_object(config)
+    except Exception as error:  # noqa: BLE001 - whatever stops the rebuild stops loading the file
+        text = innermost(error)
+        if keras_private.STATELESS_VARIABLE in text:
+            # A variable made from a value, not an initializer (a KerasHub task compiles itself in `__init__`,
+            # and its optimizer's step counter is one): it cannot be left unmade, so the rebuild says nothing.
+            return None
+        return text[:300]
+    finally:
+        keras.distribution.set_distribution(distribution)
+    return None
+
+
+def innermost(error: BaseException) -> str:
+    """ "Type: text" of the error at the root of `error`'s chain, on one line: Keras' deserializing wrapper hides
+    the layer's own error ("missing 1 required positional argument: 'factor'")."""
+    while (error.__cause__ or error.__context__) is not None:
+        error = error.__cause__ or error.__context__
+    return f"{type(error).__name__}: {' '.join(str(error).split())}"
+
+
+def own_classes(config) -> dict:
+    """The classes `config` names outside Keras' packages (the user's own, registered or not), from the modules
+    this process has imported: what loading the file finds by registration, or by `custom_objects`, or in the jax
+    engine's exporting process by importing their module (`tpukit.engines.jax.saved_model`)."""
+    import sys
+
+    found: dict = {}
+
+    def walk(node) -> None:
+        if isinstance(node, dict):
+            module, name = node.get("module"), node.get("class_name")
+            if (
+                isinstance(module, str)
+                and isinstance(name, str)
+                and module.split(".")[0] != "keras"
+                and module in sys.modules
+            ):
+                value = getattr(sys.modules[module], name, None)
+                if isinstance(value, type):
+                    found[node.get("registered_name") or name] = value
+            for child in node.values():
+                walk(child)
+        elif isinstance(node, list):
+            for child in node:
+                walk(child)
+
+    walk(config)
+    return found
 
 
 def script_classes(model) -> list[str]:
@@ -182,8 +312,8 @@ def skipped_outputs(model, *, saved_model_from_keras: bool = False) -> dict[str,
         if saved_model_from_keras:
             skipped["saved_model"] = (
                 "the SavedModel is exported from model.keras by a TensorFlow-backend process, and there is none "
-                "(Fix: define get_config on the model class, or train with runtime.engine=tensorflow, which "
-                "exports the SavedModel in the training process)"
+                "(Fix: the one model.keras names, or train with runtime.engine=tensorflow, which exports the "
+                "SavedModel in the training process)"
             )
         return skipped
     script = script_classes(target) if saved_model_from_keras else []
@@ -368,7 +498,7 @@ def save_weights(model, output_dir: str) -> str:
     with writing(WEIGHTS_FILENAME, path), _removed_on_failure(temporary):
         tf.io.gfile.makedirs(output_dir)
         model.save_weights(temporary)
-        tf.io.gfile.rename(temporary, path, overwrite=True)
+        _renamed(temporary, path)
     return path
 
 
@@ -384,8 +514,22 @@ def save_keras(model, output_dir: str) -> str:
     with writing(KERAS_FILENAME, keras_path), _removed_on_failure(temporary):
         tf.io.gfile.makedirs(output_dir)  # local paths and gs:// alike
         _save_keras_file(model, temporary)
-        tf.io.gfile.rename(temporary, keras_path, overwrite=True)
+        _renamed(temporary, keras_path)
     return keras_path
+
+
+def _renamed(source: str, target: str) -> None:
+    """Renames `source` (a temporary) over `target`. A failure names `target`, the output the user looks for,
+    not the temporary, which `_removed_on_failure` then deletes (TensorFlow's error names the source only)."""
+    import tensorflow as tf
+
+    try:
+        tf.io.gfile.rename(source, target, overwrite=True)
+    except Exception as error:  # noqa: BLE001 - raised again, naming the output
+        text = " ".join(str(error).split()).replace(source, target)
+        failure = OSError(f"could not be put in place at {target}: {text}")
+        failure.errno = getattr(error, "errno", None)
+        raise failure from error
 
 
 def _save_keras_file(model, path: str) -> None:
@@ -480,7 +624,13 @@ def _replace_directory(source: str, target: str) -> None:
     if tf.io.gfile.exists(target):
         aside = rundir.temporary_name(target) + "-old"
         tf.io.gfile.rename(target, aside)
-    tf.io.gfile.rename(source, target)
+    try:
+        _renamed(source, target)
+    except OSError:
+        if aside is not None:
+            with contextlib.suppress(Exception):
+                tf.io.gfile.rename(aside, target)  # the earlier one back in place
+        raise
     if aside is not None:
         tf.io.gfile.rmtree(aside)
 
@@ -529,7 +679,14 @@ def main(argv: list[str]) -> int:
     import tpukit.models  # noqa: F401 - registers tpukit's layers for loading
 
     keras_path, output_dir = argv
-    model = keras.saving.load_model(keras_path, compile=False)
+    try:
+        model = keras.saving.load_model(keras_path, compile=False)
+    except Exception as error:  # noqa: BLE001 - the file itself is broken: the run names model.keras
+        if "Could not locate class" in str(error):
+            raise  # the file is sound, this process lacks a class (the run names the SavedModel, and the fix)
+        # The last line, which the run reads back (`LOAD_MARK`).
+        print(f"{LOAD_MARK}{innermost(error)[:300]}")
+        return 1
     try:
         export_saved_model(model, output_dir)
     except ExportWriteError as error:

@@ -169,3 +169,27 @@ def fresh_names() -> Iterator[None]:
         for prefix, count in used.items():
             merged[prefix] = max(merged[prefix], count)
         global_state.set_global_attribute(key, merged)
+
+
+# What Keras raises for a variable made from a value (not an initializer) inside `variables_left_unmade`
+# (keras/src/backend/common/variables.py, `KerasVariable.__init__`).
+STATELESS_VARIABLE = "create a variable while in a stateless scope"
+
+
+@contextlib.contextmanager
+def variables_left_unmade() -> Iterator[None]:
+    """Variables created inside hold no values (no memory, on no device) and are never made later: a model
+    rebuilt inside from its config costs its Python objects only. Keras defers a variable made in a
+    `keras.StatelessScope` (public) to `keras/src/backend/common/variables.py` `register_uninitialized_variable`, a
+    global list that the next outermost scope's exit initializes: it is put back as it was. No upstream issue.
+    Tested: Keras 3.15.x."""
+    import keras
+    from keras.src.backend.common import global_state
+
+    name = "uninitialized_variables"
+    before = list(global_state.get_global_attribute(name) or [])
+    try:
+        with keras.StatelessScope(initialize_variables=False):
+            yield
+    finally:
+        global_state.set_global_attribute(name, before)

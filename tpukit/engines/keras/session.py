@@ -222,19 +222,23 @@ def fit_session(
 
 
 def check_outputs(session, *, saved_model_from_keras: bool = False) -> None:
-    """Before training: the outputs the model cannot have (`export.skipped_outputs`: a model without a config gets
-    `model.weights.h5` instead of `model.keras`) recorded on the session for the report, each with a warning."""
-    session.outputs_skipped = export.skipped_outputs(
-        session.model, saved_model_from_keras=saved_model_from_keras
-    )
-    for name, why in session.outputs_skipped.items():
+    """Before training: the outputs the model cannot have (`export.skipped_outputs`: a model without a config, or
+    whose config does not rebuild, gets `model.weights.h5` instead of `model.keras`, and no `best.keras`) recorded
+    on the session for the report, each with a warning."""
+    skipped = export.skipped_outputs(session.model, saved_model_from_keras=saved_model_from_keras)
+    best_by = session.plan.settings.export_best_by
+    if "keras" in skipped and best_by:
+        skipped["keras"] += f"; and no best.keras either (train.export_best_by={best_by})"
+    session.outputs_skipped = skipped
+    for name, why in skipped.items():
         logger.warning("tpukit: output %s will not be written: %s", name, why)
 
 
 def exporting(session, write: Callable[[], dict]) -> dict[str, str]:
     """`write()`'s outputs (name -> path). An output it could not write (`export.OutputsMissing`) is recorded in
-    `session.outputs_missing` with its one-paragraph reason (what, where, why, the checkpoint kept, the fix): the
-    report then says `status: failed`, and the runner fails the run after writing the metrics."""
+    `session.outputs_missing` with its reason (what, where, why, the fix; `missing_reason`): the report then says
+    `status: failed`, and the runner fails the run after writing the metrics (its error says once that the
+    checkpoint is kept and how to export again: `tpukit.runner.ExportFailedError`)."""
     try:
         return write()
     except export.OutputsMissing as incomplete:
@@ -244,16 +248,19 @@ def exporting(session, write: Callable[[], dict]) -> dict[str, str]:
 
 
 def missing_reason(session, error: BaseException, name: str) -> str:
-    """Why output `name` is missing, in one paragraph ending in the fix and the rerun that re-exports."""
-    the_plan, step = session.plan, session.checkpointer.step
+    """Why output `name` is missing: what failed, where and why, whether the file at its path is an earlier
+    export's (`export.earlier_output`), and the fix."""
+    earlier = (
+        ""
+        if isinstance(error, export.BrokenOutput)
+        else export.earlier_output(name, session.plan.output_dir)
+    )
     if isinstance(error, export.ExportWriteError):
-        return error.explained(step, the_plan.checkpoint_dir)
+        return error.reason(earlier)
     text = " ".join(str(error).split())[:300]
     return (
-        f"{export.OUTPUT_NAMES.get(name, name)} could not be exported ({type(error).__name__}: {text}). The "
-        f"trained checkpoint is kept (step "
-        f"{step} in {the_plan.checkpoint_dir}). Fix: correct what the error names, then run the same command: it "
-        "goes on from that checkpoint, and a finished training is not repeated, only exported again."
+        f"{export.OUTPUT_NAMES.get(name, name)} could not be exported ({type(error).__name__}: {text}){earlier}. "
+        "Fix: correct what the error names"
     )
 
 
