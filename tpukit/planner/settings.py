@@ -23,6 +23,7 @@ class Connection:
     workers_timeout_seconds: float
     steps_per_execution: int | str  # as the recipe says ("auto": decided once the model is built)
     mesh: dict[str, Any]  # {"data": n or "auto", "model": m}
+    mesh_from: str | None = None  # what sized `mesh` when not runtime.mesh (a Keras LayoutMap's DeviceMesh)
 
 
 def connection(recipe: Recipe) -> Connection:
@@ -33,6 +34,7 @@ def connection(recipe: Recipe) -> Connection:
         workers_timeout_seconds=runtime.workers_timeout_seconds,
         steps_per_execution=runtime.steps_per_execution,
         mesh=runtime.mesh,
+        mesh_from=runtime.mesh_from,
     )
 
 

@@ -39,8 +39,7 @@ Before any TPU hour is spent, each rule below passes, warns or fails, and a fail
   the activations (else warn): the operands and results of every matmul/convolution at the per-core batch
   (`memory_rule`, `_activation_bytes`). HBM per chip is from Google's Cloud TPU docs (`HBM_BYTES_PER_CHIP`).
 
-XLA on the CPU is a proxy for XLA on the TPU: a few ops compile on the CPU and have no TPU kernel (and the
-other way round), and the memory rule is an estimate. A pass here is not a run on a TPU.
+XLA on the CPU is a proxy for XLA on the TPU (a few ops differ), the memory rule an estimate: not a TPU run.
 
 Exit status: 0 when no rule fails (warnings allowed), 1 when one fails, 2 for a bad recipe or flags.
 

@@ -112,7 +112,8 @@ def hardware(recipe: Recipe, strategy, output_dir: str) -> Hardware:
     if strategy is None:
         _initialize(recipe)
         devices = jax.devices()
-        requested = planner.connection(recipe).mesh
+        connection = planner.connection(recipe)
+        requested = connection.mesh
         model = requested["model"]
         if requested["data"] == "auto" and len(devices) % model:
             raise RecipeError(
@@ -147,7 +148,7 @@ def hardware(recipe: Recipe, strategy, output_dir: str) -> Hardware:
             devices[: data_size * model],
             jax.process_count(),
             jax.process_index(),
-            recipe.runtime.mesh_from,
+            connection.mesh_from,
         )
         logger.info("%s", describe(strategy, requested))
     cpu.tune(strategy.devices)
