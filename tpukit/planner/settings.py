@@ -23,7 +23,9 @@ class Connection:
     workers_timeout_seconds: float
     steps_per_execution: int | str  # as the recipe says ("auto": decided once the model is built)
     mesh: dict[str, Any]  # {"data": n or "auto", "model": m}
-    mesh_from: str | None = None  # what sized `mesh` when not runtime.mesh (a Keras LayoutMap's DeviceMesh)
+    mesh_from: str | None = (
+        None  # what sized `mesh` when not runtime.mesh (a Keras LayoutMap's DeviceMesh)
+    )
 
 
 def connection(recipe: Recipe) -> Connection:
