@@ -245,7 +245,7 @@ def test_jax_a_full_disk_at_the_saved_model_fails_and_the_rerun_exports(tmp_path
     failed = _train(out, *JAX, env=env)
     _failed_cleanly(
         failed,
-        f"the SavedModel could not be written to {out / 'saved_model'}",
+        f"The SavedModel could not be written to {out / 'saved_model'}",
         "No space left on device (ENOSPC",
         "trained checkpoint is kept (step 22",
         "run the same command",
@@ -290,7 +290,7 @@ def test_tensorflow_a_quota_at_the_saved_model_fails(tmp_path):
     failed = _train(out, env=env)
     _failed_cleanly(
         failed,
-        f"the SavedModel could not be written to {out / 'saved_model'}",
+        f"The SavedModel could not be written to {out / 'saved_model'}",
         "Disk quota exceeded (EDQUOT",
         "trained checkpoint is kept (step 22",
     )
@@ -324,7 +324,7 @@ def test_jax_a_real_full_disk_at_the_saved_model_fails_and_the_rerun_exports(sma
     failed = _train(out, *JAX)
     _failed_cleanly(
         failed,
-        f"the SavedModel could not be written to {out / 'saved_model'}",
+        f"The SavedModel could not be written to {out / 'saved_model'}",
         "No space left on device (ENOSPC",
         "trained checkpoint is kept (step 22",
     )
