@@ -276,3 +276,19 @@ def mounted_tmpfs(mount, size: str):
         yield mount
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def tiny_gemma_backbone(vocabulary_size: int = 64, num_layers: int = 1):
+    """A KerasHub GemmaBackbone small enough for a unit test, from a config (no download): 2 query heads, 1
+    key/value head of 8, hidden 16, MLP 32. Callers seed Keras first where they compare weights."""
+    import keras_hub
+
+    return keras_hub.models.GemmaBackbone(
+        vocabulary_size=vocabulary_size,
+        num_layers=num_layers,
+        num_query_heads=2,
+        num_key_value_heads=1,
+        hidden_dim=16,
+        intermediate_dim=32,
+        head_dim=8,
+    )

@@ -15,7 +15,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import REPO, train_in_process
+from helpers import REPO, tiny_gemma_backbone, train_in_process
 
 import tpukit
 from tpukit import rundir
@@ -31,15 +31,7 @@ VOCABULARY, LENGTH = 64, 8
 
 def gemma():
     """A tiny GemmaCausalLM from a config: no download, no preprocessor (it takes token ids)."""
-    backbone = keras_hub.models.GemmaBackbone(
-        vocabulary_size=VOCABULARY,
-        num_layers=1,
-        num_query_heads=2,
-        num_key_value_heads=1,
-        hidden_dim=16,
-        intermediate_dim=32,
-        head_dim=8,
-    )
+    backbone = tiny_gemma_backbone(VOCABULARY)
     return keras_hub.models.GemmaCausalLM(backbone=backbone, preprocessor=None)
 
 

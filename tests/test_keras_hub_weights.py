@@ -8,6 +8,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers import tiny_gemma_backbone
 
 import tpukit
 
@@ -59,15 +60,7 @@ def preprocessed():
 
 def gemma(vocabulary=22):
     keras.utils.set_random_seed(SEED)
-    backbone = keras_hub.models.GemmaBackbone(
-        vocabulary_size=vocabulary,
-        num_layers=1,
-        num_query_heads=2,
-        num_key_value_heads=1,
-        hidden_dim=16,
-        intermediate_dim=32,
-        head_dim=8,
-    )
+    backbone = tiny_gemma_backbone(vocabulary)
     model = keras_hub.models.GemmaCausalLM(backbone=backbone, preprocessor=None)
     model.compile(
         optimizer=keras.optimizers.Adam(1e-2),

@@ -7,6 +7,7 @@ import types
 
 import keras
 import pytest
+from helpers import tiny_gemma_backbone
 
 from tpukit.recipe import RecipeError
 from tpukit.task import finetune
@@ -18,15 +19,7 @@ keras_hub = pytest.importorskip(
 
 def gemma():
     keras.utils.set_random_seed(0)
-    return keras_hub.models.GemmaBackbone(
-        vocabulary_size=64,
-        num_layers=2,
-        num_query_heads=2,
-        num_key_value_heads=1,
-        hidden_dim=16,
-        intermediate_dim=32,
-        head_dim=8,
-    )
+    return tiny_gemma_backbone(64, num_layers=2)
 
 
 def bert_classifier():
