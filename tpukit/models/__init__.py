@@ -8,6 +8,7 @@ from tpukit.environment import backend as _backend
 _backend.use_default()  # before anything below imports Keras or TensorFlow
 
 from tpukit.models.cnn import small_cnn
+from tpukit.models.hub import keras_hub_causal_lm
 from tpukit.models.recommender import dcn_ranking
 from tpukit.models.resnet import resnet50, resnet_cifar
 from tpukit.models.transformer import causal_lm, transformer_classifier
@@ -22,12 +23,14 @@ MODELS = {
     "causal_lm": causal_lm,
     "vit": vit,
     "dcn_ranking": dcn_ranking,
+    "keras_hub_causal_lm": keras_hub_causal_lm,
 }
 
 __all__ = [
     "MODELS",
     "causal_lm",
     "dcn_ranking",
+    "keras_hub_causal_lm",
     "resnet50",
     "resnet_cifar",
     "small_cnn",

@@ -42,7 +42,7 @@ class RecipeError(ValueError):
 
 
 # Keys of the `model` section that tpukit reads itself (fine-tuning); every other key goes to the builder.
-MODEL_FIELDS = ("name", "init_weights", "freeze", "lora_rank")
+MODEL_FIELDS = ("name", "init_weights", "freeze", "lora_rank", "lora_targets")
 
 # What a model's output is trained to predict (`train.task`); "auto" infers it from the model and the labels.
 TASKS = ("auto", "classification", "binary", "multi_label", "regression")
@@ -62,6 +62,10 @@ class ModelConfig:
     freeze: tuple[str, ...] | None = None
     # LoRA rank for every Dense and EinsumDense layer not frozen (Keras' `layer.enable_lora(rank)`); null: none.
     lora_rank: int | None = None
+    # With lora_rank: the names of the layers to adapt (on a KerasHub backbone its `enable_lora(rank,
+    # target_layer_names=...)`, e.g. [query, value, ffw_gating]); null: KerasHub's default_lora_layer_names(), or
+    # every Dense and EinsumDense elsewhere.
+    lora_targets: tuple[str, ...] | None = None
 
     def __post_init__(self):
         _validate_model(self)
@@ -166,6 +170,11 @@ class TrainConfig:
     # Also score the trivial baseline on the eval split (metrics.json "baseline"): a regression output predicting
     # the training labels' mean, a classifier its most frequent training class. One extra pass over the labels.
     baseline: bool = False
+    # A model that generates text (a KerasHub causal LM): prompts whose generations are logged, and written to
+    # TensorBoard, after each evaluation and at the end; null: none. sample_max_length: tokens in a generation
+    # (prompt included); null: the model's sequence_length.
+    sample_prompts: tuple[str, ...] | None = None
+    sample_max_length: int | None = None
 
     def __post_init__(self):
         _validate_train(self)
@@ -692,6 +701,19 @@ def _validate_model(config: ModelConfig) -> None:
                 "freeze: ['^conv', 'embedding'] (matched with re.search against layer names)."
             ) from None
     _count("model.lora_rank", config.lora_rank, example=8)
+    if config.lora_targets is not None:
+        if config.lora_rank is None:
+            raise RecipeError(
+                f"model.lora_targets={list(config.lora_targets)} needs model.lora_rank, which is null. Fix: set "
+                "model.lora_rank (e.g. 8), or remove lora_targets."
+            )
+        if not config.lora_targets or not all(
+            isinstance(n, str) and n for n in config.lora_targets
+        ):
+            raise RecipeError(
+                f"model.lora_targets must be a non-empty list of layer names; received "
+                f"{_show(list(config.lora_targets))}. Fix: e.g. lora_targets: [query, value], or null."
+            )
 
 
 def _check_source_signature(name: str, source) -> None:
@@ -762,6 +784,15 @@ def _validate_train(config: TrainConfig) -> None:
     _in_range("train.momentum", config.momentum, 0, 1, high_open=True, example=0.9)
     _in_range("train.weight_decay", config.weight_decay, 0, example=0.0001)
     _count("train.warmup_steps", config.warmup_steps, low=0, example=0)
+    _count("train.sample_max_length", config.sample_max_length, example=64)
+    if config.sample_prompts is not None and (
+        not config.sample_prompts
+        or not all(isinstance(p, str) and p for p in config.sample_prompts)
+    ):
+        raise RecipeError(
+            f"train.sample_prompts must be a non-empty list of prompts (strings); received "
+            f"{_show(list(config.sample_prompts))}. Fix: e.g. sample_prompts: ['what is 3 plus 4 ?'], or null."
+        )
     _in_range("train.decay_rate", config.decay_rate, 0, low_open=True, example=0.1)
     boundaries = config.decay_boundaries
     if boundaries is not None and (

@@ -74,9 +74,21 @@ def prepare(model, config, resuming: bool, path: str = "<dict>"):
     frozen = _freeze(model, layers, patterns, path) if patterns else []
     backbones = _keras_hub_backbones(model, layers) if rank else []
     if backbones:
-        targets = _backbone_lora_targets(backbones, patterns, rank, path)
+        targets = _backbone_lora_targets(
+            backbones, patterns, rank, path, getattr(config, "lora_targets", None)
+        )
     else:
         targets = _lora_targets(layers, patterns, rank, path) if rank else []
+        names = set(getattr(config, "lora_targets", None) or ())
+        if names:
+            unknown = sorted(names - {layer.name for layer in targets})
+            if unknown:
+                raise RecipeError(
+                    f"{path}: model.lora_targets names {unknown}, which is no trainable Dense or EinsumDense "
+                    f"layer of the model (those are {sorted(layer.name for layer in targets)[:12]}). Fix: names "
+                    "from that list."
+                )
+            targets = [layer for layer in targets if layer.name in names]
     if not model.trainable_weights and not targets:
         raise RecipeError(
             f"{path}: model.freeze={list(patterns)} freezes every layer of the model: nothing is left to train. "
@@ -99,16 +111,17 @@ def prepare(model, config, resuming: bool, path: str = "<dict>"):
             f"{kept:,}",
         )
     if targets:
-        _enable_lora(model, backbones, targets, rank)
+        _enable_lora(model, backbones, targets, rank, getattr(config, "lora_targets", None))
     return model
 
 
-def _enable_lora(model, backbones: list, targets: list, rank: int) -> None:
+def _enable_lora(model, backbones: list, targets: list, rank: int, names_asked=None) -> None:
     """LoRA on `targets`: through each KerasHub backbone's own `enable_lora` where there are `backbones` (so the
     result is KerasHub's exactly, `save_lora_weights` included), else layer by layer; logs what it adapted."""
     before = sum(_size(w) for w in model.trainable_weights)
+    asked = sorted({layer.name for layer in targets}) if names_asked else None
     for backbone in backbones:
-        backbone.enable_lora(rank)
+        backbone.enable_lora(rank, target_layer_names=asked)
     adapted = targets
     if backbones:
         # Read back: the log states what KerasHub adapted, even where a release picks other layers than it names.
@@ -409,12 +422,28 @@ def _keras_hub_backbones(model, layers: list) -> list:
     return [layer for layer in found if id(layer) not in inner]
 
 
-def _backbone_lora_targets(backbones: list, patterns: tuple, rank: int, path: str) -> list:
-    """The layers each backbone's `enable_lora(rank)` adapts (Keras-Hub 0.32 `Backbone.enable_lora`: every sublayer
-    with weights named in `default_lora_layer_names()` that has `enable_lora`), checked before anything changes."""
+def _backbone_lora_targets(
+    backbones: list, patterns: tuple, rank: int, path: str, names_asked=None
+) -> list:
+    """The layers each backbone's `enable_lora(rank, target_layer_names)` adapts (Keras-Hub 0.32
+    `Backbone.enable_lora`: every sublayer with weights named in `names_asked`, by default its
+    `default_lora_layer_names()`, that has `enable_lora`), checked before anything changes."""
     targets = []
     for backbone in backbones:
-        names = set(backbone.default_lora_layer_names())
+        names = set(names_asked or backbone.default_lora_layer_names())
+        if names_asked:
+            present = {
+                layer.name
+                for layer in backbone._flatten_layers(include_self=False)
+                if layer.weights
+            }
+            unknown = sorted(names - present)
+            if unknown:
+                raise RecipeError(
+                    f"{path}: model.lora_targets names {unknown}, which {type(backbone).__name__} has no layer "
+                    f"with weights called; its layers include {sorted(present)[:12]}. Fix: names from that list "
+                    f"(KerasHub's default: {sorted(backbone.default_lora_layer_names())})."
+                )
         mine = [
             layer
             for layer in backbone._flatten_layers(include_self=False)

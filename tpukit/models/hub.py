@@ -1,0 +1,268 @@
+"""A KerasHub causal language model from a preset, the way KerasHub's fine-tuning guides build one.
+
+    model = keras_hub_causal_lm("gemma_2b_en", sequence_length=256)      # a Kaggle handle
+    model = keras_hub_causal_lm("hf://Qwen/Qwen2.5-0.5B", sequence_length=512)
+    model = keras_hub_causal_lm("/data/my_preset")                       # a local preset directory
+
+The builder returns the task (`GemmaCausalLM`, `QwenCausalLM`, ...) with its own preprocessor (the preset's tokenizer
+at `sequence_length`) and sampler, compiled as KerasHub compiles it. Like every builder it never sees a device: built
+in the jax engine's distribution scope, each variable is created on the mesh with its layout and filled from the
+preset's weights there (`tpukit.engines.jax.compat.sharded_assign`). LoRA is the recipe's `model.lora_rank` and
+`model.lora_targets` (KerasHub's `backbone.enable_lora`, applied by `tpukit.task.finetune`).
+
+`tiny_preset` writes a preset of a few thousand random weights with a word-level vocabulary of a few texts, saved
+with KerasHub's own `save_to_preset`: what tests, the notebook and offline machines load instead of a download.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from typing import Any
+
+import keras
+
+# The preset families `tiny_preset` makes, and the backbone settings of their tiny configurations: 4 query heads
+# over 2 key/value heads (grouped-query attention, as the real presets), so a model axis of 4 leaves the key/value
+# projections unsplit.
+TINY_FAMILIES = {
+    "gemma": dict(
+        num_layers=2,
+        num_query_heads=4,
+        num_key_value_heads=2,
+        hidden_dim=32,
+        intermediate_dim=64,
+        head_dim=8,
+    ),
+    "qwen": dict(
+        num_layers=2,
+        num_query_heads=4,
+        num_key_value_heads=2,
+        hidden_dim=32,
+        intermediate_dim=64,
+    ),
+}
+# Text the tiny presets' vocabularies are made from: the default data's own words (tpukit.data.causal_lm).
+SAMPLERS = ("greedy", "top_k", "top_p", "random", "beam", "contrastive")
+
+
+def keras_hub_causal_lm(
+    preset: str,
+    sequence_length: int = 256,
+    dtype: str | None = None,
+    load_weights: bool = True,
+    backbone: dict[str, Any] | None = None,
+    sampler: str = "greedy",
+):
+    """The preset's causal LM task, with its preprocessor at `sequence_length` and its compile.
+
+    Args:
+        preset: a KerasHub preset: a Kaggle handle (`gemma_2b_en`, `kaggle://keras/gemma/keras/gemma_2b_en`), a
+            Hugging Face one (`hf://google/gemma-2b`) or a local directory written by `save_to_preset`.
+        sequence_length: tokens per example; the preprocessor pads or truncates to it (`data.sequence_length` of a
+            `keras_hub_text` source defaults to it).
+        dtype: the backbone's dtype policy (`float32`, `bfloat16`, `mixed_bfloat16`); null: the run's precision.
+        load_weights: read the preset's weights; false builds the architecture with fresh weights (what
+            `tpukit check --topology` compiles: no weight is read).
+        backbone: backbone config keys to change (`num_layers: 28`, ...), only with `load_weights: false`: a model of
+            another size with the preset's tokenizer, for `tpukit check`.
+        sampler: the sampler `generate` uses (KerasHub's names: greedy, top_k, top_p, random, beam, contrastive).
+
+    Returns:
+        The KerasHub `CausalLM` subclass of the preset's family, built, its preprocessor attached.
+    """
+    keras_hub = _keras_hub("model.name=keras_hub_causal_lm")
+    if not isinstance(preset, str) or not preset:
+        raise ValueError(
+            f"keras_hub_causal_lm: preset must be a KerasHub preset handle or directory; received {preset!r}. "
+            "Fix: e.g. preset: gemma_2b_en, or a directory written by save_to_preset."
+        )
+    if sequence_length < 2:
+        raise ValueError(
+            f"keras_hub_causal_lm: sequence_length must be >= 2 (a token and its next); received {sequence_length}."
+        )
+    if sampler not in SAMPLERS:
+        raise ValueError(
+            f"keras_hub_causal_lm: sampler must be one of {', '.join(SAMPLERS)}; received {sampler!r}."
+        )
+    overrides = dict(backbone or {})
+    if overrides and load_weights:
+        raise ValueError(
+            f"keras_hub_causal_lm: backbone={overrides} changes the preset's architecture, whose weights then do "
+            "not fit it. Fix: set load_weights: false as well (tpukit check does), or leave backbone unset."
+        )
+    _check_local(preset)
+    built = keras_hub.models.Backbone.from_preset(
+        preset, load_weights=load_weights, **({"dtype": dtype} if dtype else {}), **overrides
+    )
+    preprocessor = keras_hub.models.CausalLMPreprocessor.from_preset(
+        preset, sequence_length=sequence_length
+    )
+    task = task_class(type(built))(backbone=built, preprocessor=preprocessor)
+    task.compile(
+        sampler=sampler
+    )  # KerasHub's own compile (its loss and weighted accuracy), with the sampler
+    return task
+
+
+def task_class(backbone_cls: type):
+    """The KerasHub `CausalLM` subclass whose backbone is `backbone_cls` (`GemmaCausalLM` for `GemmaBackbone`)."""
+    keras_hub = _keras_hub("model.name=keras_hub_causal_lm")
+    found = [
+        cls
+        for cls in vars(keras_hub.models).values()
+        if isinstance(cls, type)
+        and issubclass(cls, keras_hub.models.CausalLM)
+        and getattr(cls, "backbone_cls", None) is backbone_cls
+    ]
+    if not found:
+        raise ValueError(
+            f"keras_hub_causal_lm: {backbone_cls.__name__} has no causal LM task in KerasHub "
+            f"{keras_hub.__version__} (no CausalLM subclass names it as its backbone). Fix: a preset of a text "
+            "generation family (Gemma, Llama, Mistral, Qwen, ...)."
+        )
+    return min(found, key=lambda cls: len(cls.__mro__))  # the family's own, not a subclass of it
+
+
+def backbone_class(preset: str):
+    """The preset's backbone class, read from its `config.json` (a download of that file only, for a handle)."""
+    keras_hub = _keras_hub("model.name=keras_hub_causal_lm")
+    from keras_hub.src.utils import preset_utils  # the config reader KerasHub's own loaders use
+
+    config = preset_utils.load_json(preset, preset_utils.CONFIG_FILE)
+    cls = keras.saving.get_registered_object(config.get("registered_name") or "")
+    if cls is None:
+        cls = getattr(keras_hub.models, config.get("class_name", ""), None)
+    return cls
+
+
+def layout_map_builder(preset: str):
+    """The family's `get_layout_map` (e.g. `GemmaBackbone.get_layout_map`), or None where KerasHub has none."""
+    cls = backbone_class(preset)
+    return getattr(cls, "get_layout_map", None) if cls is not None else None
+
+
+def tiny_preset(
+    directory: str,
+    family: str = "gemma",
+    texts: list[str] | None = None,
+    sequence_length: int = 64,
+    seed: int = 0,
+    **backbone,
+) -> str:
+    """Writes a tiny KerasHub preset of `family` ("gemma" or "qwen") to `directory` with `save_to_preset` and
+    returns the directory: random weights (`keras.utils.set_random_seed(seed)`), a word-level vocabulary of
+    `texts` (default: the words of `tpukit.data.causal_lm`'s built-in examples), the backbone settings of
+    `TINY_FAMILIES[family]` updated by `backbone`. It loads with `from_preset(directory)` as a download would."""
+    keras_hub = _keras_hub("tiny_preset")
+    if family not in TINY_FAMILIES:
+        raise ValueError(
+            f"tiny_preset: family must be one of {', '.join(TINY_FAMILIES)}; received {family!r}."
+        )
+    if texts is None:
+        from tpukit.data.causal_lm import builtin_texts
+
+        texts = builtin_texts()
+    tokenizer = _gemma_tokenizer(texts) if family == "gemma" else _qwen_tokenizer(texts)
+    keras.utils.set_random_seed(seed)
+    settings = {**TINY_FAMILIES[family], **backbone}
+    if family == "gemma":
+        net = keras_hub.models.GemmaBackbone(
+            vocabulary_size=tokenizer.vocabulary_size(), **settings
+        )
+        preprocessor = keras_hub.models.GemmaCausalLMPreprocessor(
+            tokenizer, sequence_length=sequence_length
+        )
+        task = keras_hub.models.GemmaCausalLM(backbone=net, preprocessor=preprocessor)
+    else:
+        net = keras_hub.models.QwenBackbone(vocabulary_size=tokenizer.vocabulary_size(), **settings)
+        preprocessor = keras_hub.models.QwenCausalLMPreprocessor(
+            tokenizer, sequence_length=sequence_length
+        )
+        task = keras_hub.models.QwenCausalLM(backbone=net, preprocessor=preprocessor)
+    os.makedirs(directory, exist_ok=True)
+    task.save_to_preset(directory)
+    return directory
+
+
+def _gemma_tokenizer(texts: list[str]):
+    """A `GemmaTokenizer` over a word-level SentencePiece model of `texts`, Gemma's special pieces included."""
+    import keras_hub
+    import sentencepiece
+
+    words = sorted({word for text in texts for word in text.split()})
+    proto = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(texts),
+        model_writer=proto,
+        vocab_size=len(words) + 6,
+        model_type="WORD",
+        pad_id=0,
+        eos_id=1,
+        bos_id=2,
+        unk_id=3,
+        pad_piece="<pad>",
+        eos_piece="<eos>",
+        bos_piece="<bos>",
+        unk_piece="<unk>",
+        user_defined_symbols=["<start_of_turn>", "<end_of_turn>"],
+        minloglevel=2,
+    )
+    return keras_hub.models.GemmaTokenizer(proto=proto.getvalue())
+
+
+def _qwen_tokenizer(texts: list[str]):
+    """A `QwenTokenizer` (byte-level BPE) whose vocabulary is `<|endoftext|>`, every byte character of `texts` and
+    each whole word of `texts` (with its leading space), merged character by character."""
+    import keras_hub
+
+    space = "\u0120"  # byte-level BPE's character for " " (GPT-2's bytes_to_unicode)
+    words = sorted({word for text in texts for word in text.split()})
+    vocabulary = {"<|endoftext|>": 0}
+    merges: list[str] = []
+
+    def add(token: str) -> None:
+        vocabulary.setdefault(token, len(vocabulary))
+
+    for char in sorted({c for word in words for c in word} | {space}):
+        add(char)
+    for word in words:
+        for piece in (word, space + word):
+            token = piece[0]
+            for char in piece[1:]:
+                merge = f"{token} {char}"
+                if token + char not in vocabulary:
+                    merges.append(merge)
+                add(token + char)
+                token += char
+    return keras_hub.models.QwenTokenizer(vocabulary=vocabulary, merges=merges)
+
+
+def _check_local(preset: str) -> None:
+    """A path that looks local but is not a preset directory: KerasHub would try it as a Kaggle handle and fail
+    with a network error; say what is missing instead."""
+    looks_local = (
+        preset.startswith(("/", "./", "../", "~")) or os.sep in preset and "://" not in preset
+    )
+    if looks_local and not os.path.isfile(os.path.join(os.path.expanduser(preset), "config.json")):
+        raise ValueError(
+            f"keras_hub_causal_lm: preset={preset!r} is not a KerasHub preset directory (no config.json there). "
+            "Fix: a directory written by save_to_preset (tpukit.models.hub.tiny_preset makes a tiny one), or a "
+            "handle such as gemma_2b_en."
+        )
+
+
+def _keras_hub(what: str):
+    try:
+        import keras_hub
+    except ImportError:
+        raise ImportError(
+            f"{what} needs KerasHub, which is not installed. Fix: pip install 'tpukit[hub]' (keras-hub 0.32)."
+        ) from None
+    return keras_hub
+
+
+def read_json(path: str) -> dict:
+    with open(path, encoding="utf-8") as file:
+        return json.load(file)
