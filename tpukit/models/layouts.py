@@ -49,6 +49,33 @@ DEFAULT_LAYOUTS: dict[str, dict[str, tuple[str | None, ...]]] = {
 }
 
 
+# tpukit's layout for a KerasHub causal LM whose family has no `get_layout_map` (Gemma3, Mistral, GPT-2, ...):
+# the rules KerasHub's own maps give Gemma (`decoder_block*`) and Llama/Qwen (`transformer_layer*`), by the names
+# KerasHub's decoder blocks give their layers, as the FSDP-like Gemma map does (Gemma paper, arXiv:2403.08295):
+#   - token embedding (vocabulary, hidden): vocabulary on `model`, hidden on `data`;
+#   - attention query/key/value kernels (3 dimensions: heads, hidden, head_dim for Gemma's blocks; hidden, heads,
+#     head_dim for the others): the first on `model`, the second on `data`;
+#   - attention output kernel (heads, head_dim, hidden): heads on `model`, hidden on `data`;
+#   - feed-forward kernels: gate/intermediate (hidden, intermediate) on (`data`, `model`), output
+#     (intermediate, hidden) on (`model`, `data`).
+# Norms, biases and LoRA adapters stay whole. The engine applies it leniently (`Layouts(lenient=True)`): a dimension
+# its axis does not divide (2 key/value heads on a model axis of 4), an entry of another rank than a family's
+# variables (a fused 2-D query_key_value) or one that matches nothing leaves those whole, with a plan line.
+KERAS_HUB_DECODER: dict[str, tuple[str | None, ...]] = {
+    r"(.*/)?token_embedding/embeddings": ("model", "data"),
+    r".*(decoder_block|transformer_layer).*attention.*/(query|key|value)/kernel": (
+        "model",
+        "data",
+        None,
+    ),
+    r".*(decoder_block|transformer_layer).*/attention_output/kernel": ("model", None, "data"),
+    r".*decoder_block.*/ffw_gating(_2)?/kernel": ("data", "model"),
+    r".*decoder_block.*/ffw_linear/kernel": ("model", "data"),
+    r".*transformer_layer.*/feedforward_(gate|intermediate)_dense/kernel": ("data", "model"),
+    r".*transformer_layer.*/feedforward_output_dense/kernel": ("model", "data"),
+}
+
+
 def placeholder_mesh(shape: tuple[int, ...], axis_names: list[str]):
     """A `keras.distribution.DeviceMesh` of `shape` whose devices are placeholders: what a layout builder
     (KerasHub's `get_layout_map`) is called with before any device is known; it reads only the axis names."""

@@ -47,11 +47,23 @@ class Layouts:
     """
 
     def __init__(
-        self, layout: dict, mesh: dict[str, int], source: str, mesh_from: str | None = None
+        self,
+        layout: dict,
+        mesh: dict[str, int],
+        source: str,
+        mesh_from: str | None = None,
+        lenient: bool = False,
     ):
         self.layout = {pattern: tuple(axes) for pattern, axes in (layout or {}).items()}
         self.mesh = dict(mesh)
         self.source = source  # "runtime.layout" or "the default layout of model causal_lm"
+        # A layout tpukit chose for a model it did not write (a KerasHub family's `get_layout_map`, or tpukit's
+        # rules for KerasHub decoders): a dimension its axis does not divide (2 key/value heads on a model axis of
+        # 4), or an entry of another rank, leaves the variable's dimension whole (`unsplit`) instead of failing,
+        # and an entry that matches nothing is noted (`unmatched`). A user's own layout stays strict.
+        self.lenient = lenient
+        self._unsplit: dict[tuple, list[str]] = {}
+        self._matched_nothing: list[str] = []
         # What sized the mesh when not runtime.mesh (`RuntimeConfig.mesh_from`: a Keras LayoutMap's DeviceMesh).
         self.mesh_from = mesh_from
         self._matched: dict[str, int] = dict.fromkeys(self.layout, 0)
@@ -79,6 +91,9 @@ class Layouts:
         pattern = matches[0]
         axes = self.layout[pattern]
         self._matched[pattern] += 1
+        if len(axes) != len(shape) and self.lenient:
+            self._unsplit.setdefault((pattern, None, None, None, None, len(axes)), []).append(path)
+            return (None,) * len(shape)
         if len(axes) != len(shape):
             raise RecipeError(
                 f"{self._where(pattern)} gives {len(axes)} dimension(s) ({_yaml(axes)}), but variable {path} has "
@@ -88,6 +103,11 @@ class Layouts:
         total = math.prod(self.mesh.values())
         for dimension, (size, axis) in enumerate(zip(shape, axes, strict=True)):
             devices = self.mesh.get(axis, 1) if axis else 1
+            if size % devices and self.lenient:
+                key = (pattern, dimension, size, axis, devices, None)
+                self._unsplit.setdefault(key, []).append(path)
+                axes = axes[:dimension] + (None,) + axes[dimension + 1 :]
+                continue
             if size % devices:
                 # A smaller axis must divide the variable and the mesh's devices.
                 options = [d for d in range(1, devices) if size % d == 0 and total % d == 0]
@@ -125,6 +145,9 @@ class Layouts:
                 continue
             if self._outputs_seen[pattern] or any(matching({pattern: None}, o) for o in outputs):
                 self._outputs[pattern] = list(self.layout[pattern])
+                continue
+            if self.lenient:
+                self._matched_nothing.append(pattern)
                 continue
             owner = _layer_without(pattern, layers)
             if owner:
@@ -166,9 +189,64 @@ class Layouts:
         """{variable path: its axes} of every variable split over a mesh axis with more than one device."""
         return dict(self._sharded)
 
+    def unsplit(self) -> list[dict]:
+        """What a lenient layout left whole: one record per entry and dimension, {entry, dimension, size, axis,
+        devices, variables} (`dimension` None: the entry's rank is not the variables', `rank` then says its)."""
+        return [
+            {
+                "entry": pattern,
+                "dimension": dimension,
+                "size": size,
+                "axis": axis,
+                "devices": devices,
+                "rank": rank,
+                "variables": list(paths),
+            }
+            for (pattern, dimension, size, axis, devices, rank), paths in self._unsplit.items()
+        ]
+
+    def unmatched(self) -> list[str]:
+        """The entries of a lenient layout that matched no variable and no layer output (after `check_matched`)."""
+        return list(self._matched_nothing)
+
+    def leniency_lines(self) -> list[str]:
+        """Plan lines for what a lenient layout left whole or matched nothing, naming the variables and numbers:
+
+        layout: dimension 0 of decoder_block_0/attention/key/kernel, decoder_block_1/attention/key/kernel (2
+        variables, size 2) left unsplit: mesh axis 'model' has 4 devices, which do not divide 2 (entry
+        'decoder_block.*attention.*(query|key|value).kernel' of GemmaBackbone.get_layout_map (KerasHub))
+        """
+        lines = []
+        for record in self.unsplit():
+            paths = record["variables"]
+            shown = ", ".join(paths[:4]) + (", ..." if len(paths) > 4 else "")
+            where = f"(entry {record['entry']!r} of {self.source})"
+            if record["dimension"] is None:
+                lines.append(
+                    f"layout: {shown} ({_plural_variables(paths)}) left whole: entry of {record['rank']} "
+                    f"dimension(s) for variables of another rank {where}"
+                )
+                continue
+            lines.append(
+                f"layout: dimension {record['dimension']} of {shown} ({_plural_variables(paths)}, size "
+                f"{record['size']}) left unsplit: mesh axis {record['axis']!r} has {record['devices']} devices, "
+                f"which do not divide {record['size']} {where}"
+            )
+        nothing = self._matched_nothing
+        if nothing:
+            lines.append(
+                f"layout: {len(nothing)} entr{'y' if len(nothing) == 1 else 'ies'} of {self.source} matched no "
+                f"variable of this model: {', '.join(map(repr, nothing))}"
+            )
+        return lines
+
     def outputs(self) -> dict[str, list]:
         """{entry: its axes} of the entries that lay out layer outputs (activations), not variables."""
         return dict(self._outputs)
+
+
+def _plural_variables(paths: list) -> str:
+    return f"{len(paths)} variable" + ("" if len(paths) == 1 else "s")
 
 
 def _prefixes(path: str) -> list[str]:

@@ -39,18 +39,7 @@ def from_keras(value: Any, mesh: dict | str) -> tuple[dict, dict | str, str] | N
             'axis_names=["data", "model"], devices=keras.distribution.list_devices())).'
         )
     names, shape = list(device_mesh.axis_names), tuple(int(s) for s in device_mesh.shape)
-    renamed = _axis_mapping(names, shape)
-    layout = {}
-    for key, tensor_layout in layout_map.items():
-        axes = tuple(getattr(tensor_layout, "axes", tensor_layout))
-        unknown = [a for a in axes if a is not None and a not in renamed]
-        if unknown:
-            raise RecipeError(
-                f"runtime.layout (a Keras LayoutMap), entry {key!r}, names axis {unknown[0]!r}; its device_mesh has "
-                f"{', '.join(map(repr, names))}. Fix: use one of those (or None) per dimension."
-            )
-        layout[key] = tuple(None if a is None else renamed[a] for a in axes)
-    shown = ", ".join(f"{name!r} -> {renamed[name]}" for name in names)
+    layout, renamed, shown = _entries(layout_map, "runtime.layout")
     if call is not None:
         return (
             layout,
@@ -78,6 +67,33 @@ def from_keras(value: Any, mesh: dict | str) -> tuple[dict, dict | str, str] | N
             f"(axes {shown}): the mesh is data {sizes['data']} x model {sizes['model']}"
         ),
     )
+
+
+def from_builder(builder, mesh: dict, what: str) -> tuple[dict, str]:
+    """The LayoutMap that `builder` (a KerasHub family's `get_layout_map`) makes for tpukit's mesh of `mesh`'s
+    sizes, as tpukit's layout {key: axes named data/model}, and the call and axis mapping as a plan line shows them.
+    `what` names the builder in errors (the engine's default layout for a KerasHub preset, not runtime.layout)."""
+    layout_map, call = _called(builder, mesh, what)
+    layout, _, shown = _entries(layout_map, what)
+    return layout, f"{call}, axes {shown}"
+
+
+def _entries(layout_map, what: str) -> tuple[dict, dict, str]:
+    """A LayoutMap's entries with tpukit's axis names, the renaming, and the renaming as a log line shows it."""
+    device_mesh = layout_map.device_mesh
+    names, shape = list(device_mesh.axis_names), tuple(int(s) for s in device_mesh.shape)
+    renamed = _axis_mapping(names, shape)
+    layout = {}
+    for key, tensor_layout in layout_map.items():
+        axes = tuple(getattr(tensor_layout, "axes", tensor_layout))
+        unknown = [a for a in axes if a is not None and a not in renamed]
+        if unknown:
+            raise RecipeError(
+                f"{what} (a Keras LayoutMap), entry {key!r}, names axis {unknown[0]!r}; its device_mesh has "
+                f"{', '.join(map(repr, names))}. Fix: use one of those (or None) per dimension."
+            )
+        layout[key] = tuple(None if a is None else renamed[a] for a in axes)
+    return layout, renamed, ", ".join(f"{name!r} -> {renamed[name]}" for name in names)
 
 
 def is_layout_map(value: Any) -> bool:
@@ -110,7 +126,7 @@ def _axis_mapping(names: list[str], shape: tuple[int, ...]) -> dict[str, str]:
     return {**{name: "data" for name in data}, **{name: "model" for name in others}}
 
 
-def _called(builder, mesh) -> tuple[Any, str]:
+def _called(builder, mesh, what: str = "runtime.layout") -> tuple[Any, str]:
     """`builder(DeviceMesh)`'s LayoutMap (see `from_keras`), and the call as a log line shows it."""
     from tpukit.models.layouts import placeholder_mesh
 
@@ -136,13 +152,13 @@ def _called(builder, mesh) -> tuple[Any, str]:
         built = builder(device_mesh, **kwargs)
     except Exception as error:  # noqa: BLE001 - the builder is the user's: its error, named and explained
         raise RecipeError(
-            f"runtime.layout: calling {call} raised {type(error).__name__}: {error}. tpukit calls a layout "
+            f"{what}: calling {call} raised {type(error).__name__}: {error}. tpukit calls a layout "
             "builder with its own mesh, whose axes are named data and model. Fix: pass the LayoutMap itself "
             "(layout=builder(your_mesh)), or a builder that takes those axis names."
         ) from None
     if not is_layout_map(built):
         raise RecipeError(
-            f"runtime.layout: {call} returned a {type(built).__name__}, not a keras.distribution.LayoutMap. Fix: "
+            f"{what}: {call} returned a {type(built).__name__}, not a keras.distribution.LayoutMap. Fix: "
             "pass a LayoutMap, a builder returning one (e.g. keras_hub.models.GemmaBackbone.get_layout_map), or "
             "a {regex: [axis or null per dimension]} mapping."
         )

@@ -10,6 +10,7 @@ JAX 0.10 is the newest release for CPython 3.11 (jax >= 0.11 needs Python >= 3.1
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 from tpukit.environment import backend, quiet, versions
@@ -135,3 +136,61 @@ def layer_paths(model) -> list[str]:
     path. Tested: Keras 3.15.x."""
     layers = model._flatten_layers(include_self=True, recursive=True)
     return [layer.path for layer in layers if getattr(layer, "path", None)]
+
+
+# Keras minors `sharded_assign` was tested with (its patch reads `JaxVariable._layout`, `_direct_assign` and
+# `KerasVariable.assign`'s contract): >= KERAS_SHARDED_ASSIGN[0] and < KERAS_SHARDED_ASSIGN[1].
+KERAS_SHARDED_ASSIGN = ((3, 15), (3, 16))
+
+
+@contextlib.contextmanager
+def sharded_assign():
+    """Inside, a variable with a layout assigned a host (numpy) value is filled shard by shard from the host: each
+    device gets its slice (`jax.make_array_from_callback` with the variable's `NamedSharding`), and no device
+    holds the whole value unless its layout says so.
+
+    Why: Keras 3.15's `KerasVariable.assign(value)` converts `value` with `jnp.asarray` on JAX's default device (a
+    full copy on one chip) before `_direct_assign` reshards it. KerasHub's `from_preset` fills every weight that
+    way (`load_weights`: Keras' H5 store reads one variable into numpy, then `variable.assign(numpy)`), so a
+    variable larger than one chip's memory runs it out of memory before it is sharded: keras-team/keras#21634
+    (open). Host memory stays what the caller holds: one variable's numpy value at a time.
+
+    Private Keras, patched on the class for the duration only: `keras.src.backend.jax.core.JaxVariable` (its
+    `_layout`, `_direct_assign`; `assign` itself is `KerasVariable`'s). Tested: Keras 3.15.x (`KERAS_SHARDED_ASSIGN`);
+    on another Keras the patch is not applied and Keras' own path runs (correct values, the one-device copy).
+    Anything else (a JAX array, a traced value, a stateless scope, a variable without a layout) goes Keras' way."""
+    import keras
+
+    if not KERAS_SHARDED_ASSIGN[0] <= versions.minor(keras.__version__) < KERAS_SHARDED_ASSIGN[1]:
+        yield False
+        return
+    import jax
+    import numpy as np
+    from keras.src.backend.common import standardize_dtype
+    from keras.src.backend.common.stateless_scope import in_stateless_scope
+    from keras.src.backend.jax.core import JaxVariable
+
+    inherited = JaxVariable.assign
+    own = JaxVariable.__dict__.get("assign")
+
+    def assign(self, value):
+        layout = getattr(self, "_layout", None)
+        if layout is None or not isinstance(value, np.ndarray) or in_stateless_scope():
+            return inherited(self, value)
+        sharding = getattr(layout, "backend_layout", layout)
+        dtype = jax.dtypes.canonicalize_dtype(standardize_dtype(self._dtype))
+        host = np.asarray(value, dtype=dtype)  # no copy when the dtype is already the variable's
+        if host.shape != tuple(self.shape) or not isinstance(sharding, jax.sharding.Sharding):
+            return inherited(self, value)  # Keras' own error for a wrong shape
+        array = jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+        self._direct_assign(array)  # already laid out: Keras' `distribute_tensor` keeps it as it is
+        return array
+
+    JaxVariable.assign = assign
+    try:
+        yield True
+    finally:
+        if own is None:
+            del JaxVariable.assign
+        else:
+            JaxVariable.assign = own

@@ -44,7 +44,7 @@ from tpukit.engines.keras.export import (
 )
 from tpukit.engines.keras.session import dtype_policy
 from tpukit.logs import first_four, plural
-from tpukit.models.layouts import DEFAULT_LAYOUTS
+from tpukit.models.layouts import DEFAULT_LAYOUTS, KERAS_HUB_DECODER
 from tpukit.planner import CheckpointFacts, Hardware, Plan, RunSettings
 from tpukit.planner.layouts import Layouts
 from tpukit.recipe import Recipe, RecipeError
@@ -266,6 +266,8 @@ def check_layouts(layouts: Layouts, model) -> None:
 def _layouts(settings: RunSettings, mesh: Mesh) -> Layouts:
     if settings.layout is not None:
         return Layouts(settings.layout, mesh.sizes, "runtime.layout", mesh.mesh_from)
+    if settings.model_name == HUB_MODEL:
+        return _hub_layouts(settings, mesh)
     default = DEFAULT_LAYOUTS.get(settings.model_name)
     if default is None:
         if mesh.model > 1:
@@ -276,6 +278,47 @@ def _layouts(settings: RunSettings, mesh: Mesh) -> Layouts:
             )
         return Layouts({}, mesh.sizes, "runtime.layout")
     return Layouts(default, mesh.sizes, f"the default layout of model {settings.model_name!r}")
+
+
+# The KerasHub causal LM builder (`tpukit.models.hub`), whose default layout is its family's.
+HUB_MODEL = "keras_hub_causal_lm"
+
+
+def _hub_layouts(settings: RunSettings, mesh: Mesh) -> Layouts:
+    """The default layout of a KerasHub preset: its family's `get_layout_map` (e.g. `GemmaBackbone.get_layout_map`,
+    which also splits weights over the data axis, FSDP-like) called with tpukit's mesh, else tpukit's rules for
+    KerasHub decoder blocks (`KERAS_HUB_DECODER`). Lenient (`Layouts(lenient=True)`): a dimension its axis does not
+    divide, such as 2 key/value heads on a model axis of 4, stays whole with a plan line instead of failing as
+    plain KerasHub does (`IndivisibleError`). Logs which layout was used."""
+    from tpukit.models import hub
+    from tpukit.recipe.layout_maps import from_builder
+
+    preset = (settings.keys.get("model arguments") or {}).get("preset")
+    builder = hub.layout_map_builder(preset) if isinstance(preset, str) and preset else None
+    sizes = f"mesh data {mesh.data} x model {mesh.model}"
+    if builder is not None:
+        source = f"{getattr(builder, '__qualname__', type(builder).__name__)} (KerasHub)"
+        layout, call = from_builder(
+            builder, mesh.sizes, f"the default layout of {HUB_MODEL} ({source})"
+        )
+        how = f"called as {call}"
+    else:
+        source = (
+            "tpukit's rules for KerasHub decoder blocks (tpukit.models.layouts.KERAS_HUB_DECODER)"
+        )
+        layout = KERAS_HUB_DECODER
+        family = hub.backbone_class(preset) if isinstance(preset, str) and preset else None
+        how = f"{getattr(family, '__name__', 'the backbone')} has no get_layout_map"
+    logger.info(
+        "tpukit plan: layout: %s for preset %s, %d entries on %s (%s); a dimension an axis does not divide "
+        "stays whole; runtime.layout replaces this layout",
+        source,
+        preset,
+        len(layout),
+        sizes,
+        how,
+    )
+    return Layouts(layout, mesh.sizes, source, mesh.mesh_from, lenient=True)
 
 
 def _distribution(settings: RunSettings, mesh: Mesh) -> _Distribution:
@@ -325,7 +368,12 @@ def _compiled(
     # are the same either way.
     mesh = _needs_mesh(the_plan.strategy)
     # Named as in a new process (`keras_private.fresh_names`): the checkpoint matches variables by path.
-    with distribution.scope() if mesh else contextlib.nullcontext(), keras_private.fresh_names():
+    # Weights read from files (a KerasHub preset, model.init_weights) go from the host straight to their shards.
+    with (
+        distribution.scope() if mesh else contextlib.nullcontext(),
+        keras_private.fresh_names(),
+        compat.sharded_assign(),
+    ):
         try:
             model = task.build_model(
                 recipe,
@@ -343,6 +391,8 @@ def _compiled(
         for variable in model.weights:
             distribution.layouts.axes_for(variable.path, tuple(variable.shape))
     check_layouts(distribution.layouts, model)
+    for line in distribution.layouts.leniency_lines():  # what a default layout left whole, and why
+        logger.info("tpukit plan: %s", line)
     return model
 
 
