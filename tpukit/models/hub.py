@@ -196,7 +196,8 @@ def _gemma_tokenizer(texts: list[str]):
     sentencepiece.SentencePieceTrainer.train(
         sentence_iterator=iter(texts),
         model_writer=proto,
-        vocab_size=len(words) + 6,
+        vocab_size=len(words)
+        + 10,  # the words, 4 special pieces, 2 turn markers with and without "▁"
         model_type="WORD",
         pad_id=0,
         eos_id=1,
