@@ -831,8 +831,9 @@ def save_safetensors(preset: str, output_dir: str) -> str:
 
 def _fixed_key_value_heads(backbone, directory: str) -> None:
     """KerasHub 0.32's Gemma exporter writes only the first key/value head (`key_dense.weights[0][0]`: right for
-    Gemma 2B's one head, wrong for grouped-query attention, e.g. Gemma 7B's 16): every head is written here, as its
-    Hugging Face loader reads them back (`convert_gemma.py`: (heads * head_dim, hidden))."""
+    Gemma 2B's one head, wrong for more, e.g. Gemma 7B's 16; flagged in review of keras-hub#2335, unfixed in 0.32):
+    every head is written here, as its Hugging Face loader reads them back (`convert_gemma.py`: (heads * head_dim,
+    hidden))."""
     if type(backbone).__name__ != "GemmaBackbone" or backbone.num_key_value_heads == 1:
         return
     import numpy as np
