@@ -1,5 +1,5 @@
-"""Keras callbacks tpukit's trainer adds: throughput, and TensorBoard scalars written off the step loop (Keras'
-metrics, learning rate, examples/s, steps/s). Steps are counted with `optimizer.iterations`, so they stay right when
+"""Keras callbacks tpukit's trainer adds: throughput, TensorBoard scalars written off the step loop (Keras'
+metrics, learning rate, examples/s, steps/s), and a KerasHub causal LM's sample generations. Steps are counted with `optimizer.iterations`, so they stay right when
 `steps_per_execution` > 1 and when a run resumes mid-epoch."""
 
 from __future__ import annotations
@@ -112,6 +112,7 @@ class _SummaryThread:
     def _work(self) -> None:
         from tensorboard.compat.proto import event_pb2
         from tensorboard.plugins.scalar.summary_v2 import scalar_pb
+        from tensorboard.plugins.text.summary_v2 import text_pb
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
         writers = {}
@@ -125,9 +126,10 @@ class _SummaryThread:
                     split, tag, value, step = item
                     if split not in writers:
                         writers[split] = EventFileWriter(os.path.join(self.log_dir, split))
-                    event = event_pb2.Event(
-                        wall_time=time.time(), step=step, summary=scalar_pb(tag, value)
+                    summary = (
+                        scalar_pb(tag, value) if isinstance(value, float) else text_pb(tag, value)
                     )
+                    event = event_pb2.Event(wall_time=time.time(), step=step, summary=summary)
                     writers[split].add_event(event)
             except Exception as error:  # noqa: BLE001 - a log is not worth stopping a run for
                 if self._error is None:
@@ -139,6 +141,11 @@ class _SummaryThread:
 
     def write(self, split: str, tag: str, value: float, step: int) -> None:
         self._queue.put((split, tag, float(value), int(step)))
+
+    def write_text(self, split: str, tag: str, table, step: int) -> None:
+        """Queues a text summary (`tf.summary.text`'s protocol buffer): `table`, a string or a numpy array of
+        strings (TensorBoard's Text tab shows a 2-D one as a table)."""
+        self._queue.put((split, tag, table, int(step)))
 
     def flush(self) -> None:
         """Asks for the queued scalars to be written to their files, without waiting."""
@@ -171,6 +178,16 @@ class TensorBoardScalars(_ExcludesValidation):
         self.throughput = throughput
         self._thread = None
         self._last = None  # (time, step) at the previous epoch end
+
+    def write_text(self, tag: str, table, step: int) -> None:
+        """A text summary under `log_dir/train`, on this fit's thread (flushed with the epoch's scalars), or,
+        outside a fit, on a thread of its own closed once it is written."""
+        if self._thread is not None:
+            self._thread.write_text("train", tag, table, step)
+            return
+        thread = _SummaryThread(self.log_dir)
+        thread.write_text("train", tag, table, step)
+        thread.close()
 
     def on_train_begin(self, logs=None):
         if self._thread is None:
@@ -207,6 +224,80 @@ class TensorBoardScalars(_ExcludesValidation):
         if self._thread is not None:
             self._thread.close()  # each fit segment's scalars whole in their files when fit returns
             self._thread = None
+
+
+class SampleGenerations(keras.callbacks.Callback):
+    """`train.sample_prompts`: what a KerasHub causal LM (`export.text_causal_lm`) generates for each prompt after
+    each evaluation of `fit` and once training ends (`at_end`): a log line per prompt, a text summary `samples` (a
+    table of prompt and generation) beside the scalars (`TensorBoardScalars`, under `log_dir/train`), and `last`
+    for `metrics.json`. `generate` with the task's own sampler (greedy by default: no random draw) and at most
+    `max_length` tokens (None: the preprocessor's sequence length); it reads the weights and writes none, so
+    training, its checkpoints and a resume are the same with samples or without."""
+
+    def __init__(self, prompts, max_length: int | None = None, scalars=None):
+        super().__init__()
+        self.prompts = list(prompts)
+        self.max_length = max_length
+        self.scalars = scalars  # the TensorBoardScalars callback whose files take the text; None: no TensorBoard
+        self.last: list[dict] | None = None
+
+    def check(self, model, where: str) -> None:
+        """Before training: a RecipeError naming the key and the fix when `model` cannot generate text."""
+        from tpukit.recipe import RecipeError
+
+        if export.text_causal_lm(model) is None:
+            built = type(export.exported_model(model)).__name__
+            raise RecipeError(
+                f"{where}: train.sample_prompts={self.prompts!r} needs a model that generates text (a KerasHub "
+                f"causal LM with its preprocessor, e.g. model.name: keras_hub_causal_lm); received a {built}. Fix: "
+                "remove train.sample_prompts (or set it to null), or train a KerasHub causal LM."
+            )
+
+    def on_epoch_end(self, epoch, logs=None):
+        if any(name.startswith("val_") for name in logs or {}):  # this epoch was evaluated
+            self.sample(f"after epoch {epoch + 1}", _step(self.model))
+
+    def at_end(self, model) -> None:
+        """The samples of the trained model (its moving averages, with `train.ema_momentum`), once `fit` is done."""
+        self.set_model(model)
+        self.sample("at the end of training", _step(model))
+
+    def sample(self, when: str, step: int) -> list[dict]:
+        task = export.text_causal_lm(self.model)
+        prompts = self.prompts + self.prompts[-1:] * _batch_padding(len(self.prompts))
+        outputs = task.generate(
+            prompts,
+            max_length=self.max_length or task.preprocessor.sequence_length,
+            strip_prompt=True,
+        )
+        generations = [str(text) for text in outputs[: len(self.prompts)]]
+        self.last = [
+            {"prompt": prompt, "generation": generation}
+            for prompt, generation in zip(self.prompts, generations, strict=True)
+        ]
+        for prompt, generation in zip(self.prompts, generations, strict=True):
+            logger.info("tpukit: sample %s: %r -> %r", when, prompt, generation)
+        if self.scalars is not None:
+            import numpy as np
+
+            table = np.array(
+                [["prompt", "generation"], *([s["prompt"], s["generation"]] for s in self.last)],
+                dtype=object,
+            )
+            self.scalars.write_text("samples", table, step)
+        return self.last
+
+
+def _batch_padding(count: int) -> int:
+    """Prompts to add so that `count` divides over the data axis of Keras' distribution (the jax engine's mesh:
+    KerasHub's `generate` lays the batch out over it); 0 without one."""
+    distribution = keras.distribution.distribution()
+    mesh = getattr(distribution, "device_mesh", None)
+    axis = getattr(distribution, "batch_dim_name", None)
+    if mesh is None or axis not in mesh.axis_names:
+        return 0
+    size = mesh.shape[mesh.axis_names.index(axis)]
+    return -count % size
 
 
 def _stored(variable) -> float | None:

@@ -15,6 +15,9 @@ Outputs never lie (docs/trainer.md, "Outputs"): a KerasHub task, trained as a pl
 saved as itself (`exported_model`); a model Keras cannot rebuild from a config (a subclassed model without
 `get_config`) is found before training (`skipped_outputs`) and saved as `model.weights.h5`; and an output that
 fails is reported (`OutputsMissing`), never passed over: the run then fails with its metrics written.
+
+A KerasHub causal LM that generates text gets `preset/` (LoRA merged) and, where KerasHub exports its family,
+Hugging Face `safetensors/` instead of the SavedModel (`hub_skipped`, `export_hub_outputs`).
 """
 
 from __future__ import annotations
@@ -112,6 +115,8 @@ OUTPUT_NAMES = {
     "keras": KERAS_FILENAME,
     "weights": WEIGHTS_FILENAME,
     "saved_model": SAVED_MODEL_WHAT,
+    "preset": "the KerasHub preset",
+    "safetensors": "the safetensors export",
 }
 
 
@@ -120,6 +125,8 @@ OUTPUT_FILES = {
     "keras": KERAS_FILENAME,
     "weights": WEIGHTS_FILENAME,
     "saved_model": SAVED_MODEL_DIRNAME,
+    "preset": "preset",
+    "safetensors": "safetensors",
 }
 
 
@@ -135,7 +142,7 @@ def earlier_output(name: str, output_dir: str) -> str:
         there = tf.io.gfile.exists(os.path.join(output_dir, filename))
     except Exception:  # noqa: BLE001 - an output directory that cannot be read says nothing more
         return ""
-    shown = filename + ("/" if name == "saved_model" else "")
+    shown = filename + ("/" if name in ("saved_model", "preset", "safetensors") else "")
     return f"; the {shown} there is an earlier export's, not this run's" if there else ""
 
 
@@ -304,7 +311,7 @@ def skipped_outputs(model, *, saved_model_from_keras: bool = False) -> dict[str,
     name ("keras", "saved_model") -> why, with the fix. A model without a config gets `model.weights.h5` instead of
     `model.keras` (and no `best.keras`). `saved_model_from_keras`: the SavedModel is exported by another process
     from `model.keras` (the jax engine), so it also needs the file and every class importable there."""
-    skipped = {}
+    skipped = dict(hub_skipped(model))
     target = exported_model(model)
     why = unserializable(target)
     if why is not None:
@@ -477,12 +484,18 @@ def export_outputs(
         attempt("keras", lambda: save_keras(target, output_dir))
     else:
         attempt("weights", lambda: save_weights(target, output_dir))
-    attempt(
-        "saved_model",
-        lambda: export_saved_model(
-            model, output_dir, io_device=io_device, features=features, signature=signature
-        ),
-    )
+    skipped = hub_skipped(model)
+    if "saved_model" not in skipped:
+        attempt(
+            "saved_model",
+            lambda: export_saved_model(
+                model, output_dir, io_device=io_device, features=features, signature=signature
+            ),
+        )
+    if text_causal_lm(model) is not None and not (missing and not each):
+        written, failed = export_hub_outputs(model, output_dir, skipped)
+        exported.update(written)
+        missing.update(failed)
     if missing:
         raise OutputsMissing(exported, missing)
     return exported
@@ -667,6 +680,175 @@ def load_serving(path: str, *, io_device: str | None = None, endpoint: str = SER
 
     serve.loaded = loaded  # the whole restored object, for its other endpoints and variables
     return serve
+
+
+# -- A KerasHub causal LM: its preset and its Hugging Face safetensors -------------------------------------------------
+
+PRESET_DIRNAME = "preset"
+SAFETENSORS_DIRNAME = "safetensors"
+
+# `architectures` of a Hugging Face config.json, by its `model_type`: vLLM and KerasHub's own Hugging Face loader
+# pick the model class from it, and KerasHub 0.32's exporter does not write it.
+HF_ARCHITECTURES = {
+    "gemma": "GemmaForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "gpt2": "GPT2LMHeadModel",
+}
+
+
+def text_causal_lm(model):
+    """The KerasHub `CausalLM` task (with its preprocessor: it generates text) that `model` is or was made from
+    (`exported_model`), or None. Its outputs: `model.keras`, a preset and, where KerasHub exports the family, a
+    Hugging Face safetensors directory; not the SavedModel (`hub_skipped`)."""
+    import sys
+
+    if "keras_hub" not in sys.modules:
+        return None  # nothing imported KerasHub: no model of it
+    import keras_hub
+
+    target = exported_model(model)
+    if isinstance(target, keras_hub.models.CausalLM) and target.preprocessor is not None:
+        return target
+    return None
+
+
+def hf_export_unsupported(task) -> str | None:
+    """Why KerasHub cannot export `task` to Hugging Face safetensors (its family has no exporter), or None.
+    Reads KerasHub's exporter tables (`keras_hub.src.utils.transformers.export.hf_exporter`, 0.32: the backbone and
+    tokenizer class names it knows), the check `CausalLM.export_to_transformers` makes only once it writes."""
+    try:
+        from keras_hub.src.utils.transformers.export import hf_exporter
+    except ImportError as error:
+        return f"this KerasHub has no Hugging Face exporter ({error})"
+    backbone = type(task.backbone).__name__
+    tokenizer = type(task.preprocessor.tokenizer).__name__
+    if backbone not in hf_exporter.MODEL_EXPORTERS or backbone not in hf_exporter.MODEL_CONFIGS:
+        known = ", ".join(sorted(hf_exporter.MODEL_EXPORTERS))
+        return f"KerasHub exports no {backbone} to Hugging Face safetensors (it exports {known})"
+    if tokenizer not in hf_exporter.MODEL_TOKENIZER_CONFIGS:
+        return f"KerasHub exports no {tokenizer} to Hugging Face format"
+    return None
+
+
+def hub_skipped(model) -> dict[str, str]:
+    """The outputs a text-generating KerasHub causal LM (`text_causal_lm`) does not get, known before training:
+    the SavedModel (a logits function of token ids: it does not generate, what the model is served for, and writing
+    it takes another copy of the weights on the host), and safetensors where KerasHub has no exporter."""
+    task = text_causal_lm(model)
+    if task is None:
+        return {}
+    skipped = {
+        "saved_model": (
+            f"a KerasHub {type(task).__name__} is served by generating text, which a SavedModel of its logits "
+            "does not do: serve preset/ (keras_hub.models.CausalLM.from_preset) or safetensors/ (vLLM, "
+            "Hugging Face) instead"
+        )
+    }
+    unsupported = hf_export_unsupported(task)
+    if unsupported is not None:
+        skipped["safetensors"] = (
+            f"{unsupported}; preset/ and model.keras hold the trained model (Fix: a family KerasHub exports, "
+            "or convert preset/ yourself)"
+        )
+    return skipped
+
+
+def export_hub_outputs(model, output_dir: str, skipped: dict | None = None):
+    """Writes the preset (`output_dir/preset/`: `save_to_preset`, LoRA merged into the kernels, as Keras' Dense and
+    EinsumDense `save_own_variables` write them) and, unless `skipped` names it, the Hugging Face safetensors
+    (`output_dir/safetensors/`, made from the preset reloaded on the CPU: the live model, its LoRA and its layout
+    are left as they are). Each is written whole (a temporary name, then a rename). Returns (exported: name ->
+    path, missing: name -> error)."""
+    task = text_causal_lm(model)
+    exported: dict[str, str] = {}
+    missing: dict[str, BaseException] = {}
+    try:
+        exported["preset"] = save_preset(task, output_dir)
+    except Exception as error:  # noqa: BLE001 - a missing output: the run fails after its report
+        missing["preset"] = error
+    if "safetensors" not in (skipped or {}):
+        if "preset" in missing:
+            missing["safetensors"] = RuntimeError("it is made from preset/, which is missing")
+        else:
+            try:
+                exported["safetensors"] = save_safetensors(exported["preset"], output_dir)
+            except Exception as error:  # noqa: BLE001 - a missing output: the run fails after its report
+                missing["safetensors"] = error
+    return exported, missing
+
+
+def save_preset(task, output_dir: str) -> str:
+    """`output_dir/preset/`: the task's `save_to_preset` (loads with `keras_hub.models.CausalLM.from_preset`);
+    LoRA is merged into the kernels it saves and the reloaded model has none. Returns its path."""
+    import tensorflow as tf
+
+    path = os.path.join(output_dir, PRESET_DIRNAME)
+    temporary = rundir.temporary_name(path)
+    with writing(OUTPUT_NAMES["preset"], path), _removed_on_failure(temporary):
+        tf.io.gfile.makedirs(temporary)
+        task.save_to_preset(temporary)
+        _replace_directory(temporary, path)
+    return path
+
+
+def save_safetensors(preset: str, output_dir: str) -> str:
+    """`output_dir/safetensors/`: the Hugging Face Transformers layout (config.json with its `architectures`,
+    model.safetensors, the tokenizer) that KerasHub's `export_to_transformers` writes for the model in `preset`,
+    reloaded here on the CPU with no distribution; `from_preset` of the directory (KerasHub's Hugging Face loader)
+    and vLLM read it. Returns its path."""
+    import json
+
+    import keras
+    import keras_hub
+
+    path = os.path.join(output_dir, SAFETENSORS_DIRNAME)
+    temporary = rundir.temporary_name(path)
+    distribution = keras.distribution.distribution()
+    keras.distribution.set_distribution(None)
+    try:
+        with keras.device("cpu:0"):
+            task = keras_hub.models.CausalLM.from_preset(preset)
+        with writing(OUTPUT_NAMES["safetensors"], path), _removed_on_failure(temporary):
+            task.export_to_transformers(temporary)
+            _fixed_key_value_heads(task.backbone, temporary)
+            config_path = os.path.join(temporary, "config.json")
+            with open(config_path) as file:
+                config = json.load(file)
+            architecture = HF_ARCHITECTURES.get(config.get("model_type"))
+            if architecture and not config.get("architectures"):
+                config["architectures"] = [architecture]
+                with open(config_path, "w") as file:
+                    json.dump(config, file, indent=2)
+            _replace_directory(temporary, path)
+    finally:
+        keras.distribution.set_distribution(distribution)
+    return path
+
+
+def _fixed_key_value_heads(backbone, directory: str) -> None:
+    """KerasHub 0.32's Gemma exporter writes only the first key/value head (`key_dense.weights[0][0]`: right for
+    Gemma 2B's one head, wrong for more, e.g. Gemma 7B's 16; flagged in review of keras-hub#2335, unfixed in 0.32):
+    every head is written here, as its Hugging Face loader reads them back (`convert_gemma.py`: (heads * head_dim,
+    hidden))."""
+    if type(backbone).__name__ != "GemmaBackbone" or backbone.num_key_value_heads == 1:
+        return
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    weights_path = os.path.join(directory, "model.safetensors")
+    tensors = load_file(weights_path)
+    for i in range(backbone.num_layers):
+        attention = backbone.get_layer(f"decoder_block_{i}").attention
+        for name, layer in (("k_proj", attention.key_dense), ("v_proj", attention.value_dense)):
+            kernel = np.asarray(layer.kernel)  # (heads, hidden, head_dim)
+            tensors[f"model.layers.{i}.self_attn.{name}.weight"] = np.ascontiguousarray(
+                kernel.transpose(0, 2, 1).reshape(-1, kernel.shape[1])
+            )
+    save_file(tensors, weights_path, metadata={"format": "pt"})
 
 
 def main(argv: list[str]) -> int:

@@ -62,6 +62,8 @@ class Session:
     # export failed to write (name -> the one-paragraph reason: `exporting`); the latter fail the run.
     outputs_skipped: dict = dataclasses.field(default_factory=dict)
     outputs_missing: dict = dataclasses.field(default_factory=dict)
+    # `train.sample_prompts`: the last generations ({"prompt", "generation"} each: `callbacks.SampleGenerations`).
+    samples: list | None = None
 
 
 def _decision_text(why: dict) -> str:
@@ -124,8 +126,10 @@ def standard_callbacks(
     chief: bool = True,
 ):
     """tpukit's callbacks for a fit: the exact validation loss, throughput, TensorBoard scalars (and the profiler),
-    resumable early stopping and `best.keras`. `chief=False`: no summaries or `best.keras` (the chief writes them)."""
+    sample generations (`train.sample_prompts`), resumable early stopping and `best.keras`. `chief=False`: no
+    summaries, samples or `best.keras` (the chief writes them)."""
     result = [callbacks_lib.ExactValidationLoss(exact_loss), throughput]
+    scalars = None
     if not chief:
         pass  # only the chief writes summaries and best.keras (every worker writes its checkpoints)
     elif remote_io:
@@ -144,9 +148,17 @@ def standard_callbacks(
                 math.ceil(first / steps_per_execution),
                 math.ceil(last / steps_per_execution),
             )
-        result.append(callbacks_lib.TensorBoardScalars(log_dir, throughput))
+        scalars = callbacks_lib.TensorBoardScalars(log_dir, throughput)
+        result.append(scalars)
         if profile:
             result.append(callbacks_lib.ProfilingTensorBoard(log_dir, profile_batch=profile))
+    prompts = settings.keys.get("train.sample_prompts")
+    if prompts and chief:
+        result.append(
+            callbacks_lib.SampleGenerations(
+                prompts, settings.keys.get("train.sample_max_length"), scalars
+            )
+        )
     if settings.early_stopping_patience is not None:
         result.append(
             callbacks_lib.ResumableEarlyStopping(
@@ -178,12 +190,17 @@ def fit_session(
     `eval_dataset(plan, spec)()` make the engine's pipelines; the moving averages (`train.ema_momentum`) become
     the weights once training is done. `on_compile_failure(error) -> bool`: the engine's retry of a step that failed
     to compile (the trainer's argument). First, the outputs the model cannot have are warned of (`check_outputs`;
-    `saved_model_from_keras`: the engine exports the SavedModel from `model.keras`)."""
+    `saved_model_from_keras`: the engine exports the SavedModel from `model.keras`), and `train.sample_prompts` on a
+    model that cannot generate is refused; the samples of the trained model end the training
+    (`session.samples`)."""
     the_plan, settings = session.plan, session.plan.settings
     if not the_plan.training:
         use_averages(session.model)
         return trainer.Outcome("done", {}, 0)
     check_outputs(session, saved_model_from_keras=saved_model_from_keras)
+    samplers = [c for c in callbacks if isinstance(c, callbacks_lib.SampleGenerations)]
+    for sampler in samplers:
+        sampler.check(session.model, the_plan.recipe.path)
     if session.start_step >= the_plan.total_steps:
         logger.info(
             "tpukit: all %d epochs are done already (step %d)",
@@ -210,6 +227,10 @@ def fit_session(
     )
     if outcome.status not in trainer.STOPPED.values():
         use_averages(session.model)
+        for sampler in samplers:
+            sampler.at_end(session.model)
+    for sampler in samplers:
+        session.samples = sampler.last
     if session.checkpointer.step > session.start_step:
         logger.info(
             "tpukit: trained steps %d..%d in %.1fs (%s)",
@@ -229,6 +250,16 @@ def check_outputs(session, *, saved_model_from_keras: bool = False) -> None:
     best_by = session.plan.settings.export_best_by
     if "keras" in skipped and best_by:
         skipped["keras"] += f"; and no best.keras either (train.export_best_by={best_by})"
+    if (
+        getattr(session.plan.strategy, "processes", 1) > 1
+        and export.text_causal_lm(session.model) is not None
+    ):
+        for name in ("preset", "safetensors"):
+            skipped[name] = (
+                "not exported from a run on several hosts yet (no host holds every shard of the task); "
+                "model.keras holds the trained task (Fix: keras_hub.models.CausalLM from model.keras, then "
+                "save_to_preset and export_to_transformers)"
+            )
     session.outputs_skipped = skipped
     for name, why in skipped.items():
         logger.warning("tpukit: output %s will not be written: %s", name, why)
@@ -238,13 +269,28 @@ def exporting(session, write: Callable[[], dict]) -> dict[str, str]:
     """`write()`'s outputs (name -> path). An output it could not write (`export.OutputsMissing`) is recorded in
     `session.outputs_missing` with its reason (what, where, why, the fix; `missing_reason`): the report then says
     `status: failed`, and the runner fails the run after writing the metrics (its error says once that the
-    checkpoint is kept and how to export again: `tpukit.runner.ExportFailedError`)."""
+    checkpoint is kept and how to export again: `tpukit.runner.ExportFailedError`).
+
+    A KerasHub causal LM's preset and safetensors (`export.export_hub_outputs`) come with `model.keras`: written
+    here where `write()` wrote `model.keras` (or failed to) without them (the jax engine's export)."""
     try:
-        return write()
+        exported, missing = write(), {}
     except export.OutputsMissing as incomplete:
-        for name, error in incomplete.missing.items():
-            session.outputs_missing[name] = missing_reason(session, error, name)
-        return incomplete.exported
+        exported, missing = dict(incomplete.exported), dict(incomplete.missing)
+    if (
+        ("keras" in exported or "keras" in missing)
+        and not {"preset", "safetensors"} & (exported.keys() | missing.keys())
+        and export.text_causal_lm(session.model) is not None
+        and getattr(session.plan.strategy, "processes", 1) == 1
+    ):
+        written, failed = export.export_hub_outputs(
+            session.model, session.plan.output_dir, session.outputs_skipped
+        )
+        exported.update(written)
+        missing.update(failed)
+    for name, error in missing.items():
+        session.outputs_missing[name] = missing_reason(session, error, name)
+    return exported
 
 
 def missing_reason(session, error: BaseException, name: str) -> str:
@@ -369,6 +415,8 @@ def report(session: Session, outcome, evaluation: dict, exported: dict, engine: 
         "mfu": mfu,
         "exported": exported,
     }
+    if session.samples is not None:  # train.sample_prompts: the trained model's generations
+        metrics["samples"] = list(session.samples)
     if session.outputs_skipped:  # found before training, and warned of then
         metrics["outputs_skipped"] = dict(session.outputs_skipped)
     if session.outputs_missing:  # an export failed: never `done` with an output missing
