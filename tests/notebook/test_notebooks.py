@@ -49,7 +49,12 @@ def install_cell_index(notebook) -> int:
 
 
 def test_the_notebooks_exist():
-    assert NAMES == ["language_model.ipynb", "quickstart.ipynb", "your_keras_model.ipynb"]
+    assert NAMES == [
+        "language_model.ipynb",
+        "llm_lora.ipynb",
+        "quickstart.ipynb",
+        "your_keras_model.ipynb",
+    ]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -322,3 +327,127 @@ def test_language_model_runs_top_to_bottom_and_samples_text(tmp_path):
         metrics = json.load(f)
     # Better than a uniform guess over 256 bytes (ln 256 = 5.55 nats): the sampled model learned something.
     assert metrics["eval"]["loss"] < 4.0
+
+
+# tpukit.notebook.llm: what llm_lora.ipynb decides before training and shows after it.
+
+
+@pytest.mark.parametrize(
+    "devices, model", [(1, 1), (2, 2), (4, 4), (6, 3), (8, 4), (9, 3), (16, 4), (7, 1)]
+)
+def test_the_lora_notebook_model_axis_is_the_largest_divisor_up_to_4(devices, model):
+    from tpukit.notebook import llm
+
+    assert llm.model_axis(devices) == model
+
+
+def test_the_lora_notebook_overrides_set_the_engine_and_a_mesh_this_runtime_has():
+    from tpukit.notebook import llm
+
+    # The recipes say engine jax and model 4: a Kaggle v5e-8 keeps 4, a Colab v5e-1 gets 1, a CPU/GPU runtime
+    # (the tensorflow engine) 1 whatever its device count.
+    assert llm.lora_overrides("/p", False, "jax", 8) == [
+        "model.preset=/p",
+        "runtime.engine=jax",
+        "runtime.mesh.model=4",
+    ]
+    assert llm.lora_overrides("gemma_2b_en", False, "jax", 1)[1:] == [
+        "runtime.engine=jax",
+        "runtime.mesh.model=1",
+    ]
+    assert llm.lora_overrides("/p", True, "tensorflow", 8) == [
+        "model.preset=/p",
+        "runtime.engine=tensorflow",
+        "runtime.mesh.model=1",
+        "train.epochs=2",
+    ]
+    with pytest.raises(ValueError, match="engine='auto'"):
+        llm.lora_overrides("/p", False, "auto")
+    assert (
+        llm.tiny_family("qwen2.5_0.5b_en") == "qwen" and llm.tiny_family("gemma_2b_en") == "gemma"
+    )
+
+
+class _Secrets:
+    def __init__(self, values):
+        self.values = values
+
+    def get(self, key):
+        if key not in self.values:
+            raise KeyError(key)  # as google.colab.userdata.SecretNotFoundError
+        return self.values[key]
+
+
+def test_the_lora_notebook_copies_colabs_kaggle_secrets_or_says_how(monkeypatch, tmp_path):
+    from tpukit.notebook import llm
+
+    monkeypatch.setenv("HOME", str(tmp_path))  # no kaggle.json
+    secrets = {"KAGGLE_USERNAME": "me", "KAGGLE_KEY": "k"}
+    environ = {}
+    line = llm.credentials_line("gemma_2b_en", environ, _Secrets(secrets))
+    assert environ == secrets and "credentials from Colab's secrets" in line
+    environ = {}
+    line = llm.credentials_line("gemma_2b_en", environ, _Secrets({"KAGGLE_USERNAME": "me"}))
+    assert (
+        environ == {} and "no Kaggle credentials found here" in line and "kagglehub.login()" in line
+    )
+    assert "found in the environment" in llm.credentials_line("gemma_2b_en", dict(secrets), None)
+    assert "HF_TOKEN" in llm.credentials_line("hf://google/gemma-2b", {}, None)
+    assert "local preset directory" in llm.credentials_line(str(tmp_path), {}, None)
+
+
+def test_the_lora_notebook_shows_samples_and_names_missing_exports():
+    from tpukit.notebook import llm
+
+    metrics = {
+        "samples": [
+            {"prompt": "what is 3 plus 4 ?", "generation": "what is 3 plus 4 ? 7", "step": 20}
+        ],
+        "exported": {"keras": "/r/model.keras"},
+        "outputs_skipped": {"safetensors": "KerasHub exports no safetensors for this family"},
+    }
+    assert llm.samples_text(metrics) == "step 20: 'what is 3 plus 4 ?' -> 'what is 3 plus 4 ? 7'"
+    assert "has no 'samples'" in llm.samples_text({"step": 3}) and "step" in llm.samples_text(
+        {"step": 3}
+    )
+    assert llm.samples_text({"samples": {"20": ["x"]}}).startswith("samples: {")
+    assert llm.exported(metrics, "keras") == "/r/model.keras"
+    with pytest.raises(FileNotFoundError, match="no 'preset'; it exported: keras"):
+        llm.exported(metrics, "preset")
+    assert llm.safetensors_text(metrics) == (
+        "the run exported no 'safetensors' (KerasHub exports no safetensors for this family); it exported: keras."
+    )
+    assert llm.generations_text(["a", "b"], ["a 1", "b 2"], ["a 1", "b 3"], "model.keras") == (
+        "'a' -> 'a 1'\n'b' -> 'b 2'\nsame text as model.keras: False"
+    )
+
+
+@pytest.mark.slow
+def test_llm_lora_runs_top_to_bottom_and_reloads_its_exports(tmp_path):
+    """Needs the keras_hub_text data source, the preset and safetensors exports and the logged samples (issue 41)."""
+    notebook, seconds = execute("llm_lora.ipynb", tmp_path)
+    _report_time("llm_lora", seconds)
+    text, pngs = outputs_of(notebook)
+    assert installed_nothing(text), text[:2000]
+    tiny = tmp_path / "tiny_presets" / "gemma"
+    assert f"preset: a tiny gemma preset made in {tiny}" in text
+    assert (
+        f"recipe: gemma_lora model.preset={tiny} runtime.engine=tensorflow runtime.mesh.model=1 train.epochs=2"
+        in text
+    )
+    assert pngs >= 1, "the loss curve as PNG"
+    assert "throughput:" in text
+    assert "has no 'samples'" not in text
+    # The logged samples and the merged preset's generations, each prompt once at least.
+    assert text.count("'what is 3 plus 4 ?' -> '") >= 2, text
+    assert "same text as model.keras: True" in text
+    assert "serve it with vLLM: vllm serve" in text and ".safetensors (" in text
+    run_dir = tmp_path / "runs" / "gemma_lora_tiny"
+    with open(run_dir / "metrics.json") as f:
+        metrics = json.load(f)
+    assert metrics["step"] == 2 * metrics["steps_per_epoch"]
+    assert set(metrics["exported"]) >= {"keras", "preset", "safetensors"}
+    assert (run_dir / "preset" / "config.json").is_file()
+    assert (run_dir / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    logdir = os.path.join("runs", "gemma_lora_tiny", "logs")
+    assert f"running TensorBoards: [{logdir!r}]" in text

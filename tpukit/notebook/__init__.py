@@ -1,7 +1,7 @@
 """Notebook helpers: the Colab/Kaggle install cell and the engine choice (`colab`, `choose_engine`), what a
 notebook decides before training (`connect`, `choose_small`, `first_available`, `has_accelerator`, `output_dir`,
-`scope`, from `helpers`), plots of a run (`plots`) and text sampling (`sampling`). The core never imports this
-package.
+`scope`, from `helpers`), plots of a run (`plots`), text sampling (`sampling`) and the LoRA notebook's steps
+(`llm`). The core never imports this package.
 
     import tpukit.notebook
     ENGINE = tpukit.notebook.start(tpukit.notebook.choose_engine())   # first: before anything imports Keras
