@@ -36,7 +36,13 @@ def trained(tiny, tmp_path_factory):
     out = tmp_path_factory.mktemp("gemma_lora")
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
     done = run_cli(
-        "gemma_lora", "--output_dir", str(out), "--set", f"model.preset={tiny}", env=env, timeout=900
+        "gemma_lora",
+        "--output_dir",
+        str(out),
+        "--set",
+        f"model.preset={tiny}",
+        env=env,
+        timeout=900,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     with open(out / "metrics.json") as f:
@@ -109,3 +115,72 @@ def test_a_sigkilled_run_resumes_to_the_same_weights(trained, tiny, tmp_path):
         strict=True,
     ):
         np.testing.assert_array_equal(resumed, uninterrupted)
+
+
+PLAIN_VS_TPUKIT = """
+import json, sys
+import keras, keras_hub
+import tpukit
+from tpukit.data.causal_lm import keras_hub_text
+
+case = json.loads(sys.argv[1])
+
+
+class Losses(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.losses = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.losses.append(float(logs["loss"]))
+
+
+overrides = [f"model.preset={case['preset']}", "runtime.mesh.model=1", "data.shuffle_buffer=1",
+             "train.epochs=2", "train.sample_prompts=null", "runtime.verbose=0"]
+mine = Losses()
+tpukit.run(tpukit.load_recipe("gemma_lora", overrides), case["out"], callbacks=[mine])
+
+# Plain KerasHub, as its LoRA guide fine-tunes: the task from the preset, enable_lora, AdamW, fit.
+keras.utils.set_random_seed(0)
+task = keras_hub.models.CausalLM.from_preset(case["preset"], preprocessor=None)
+task.backbone.enable_lora(4)
+optimizer = keras.optimizers.AdamW(1e-4, weight_decay=0.01)
+optimizer.exclude_from_weight_decay(var_names=["bias", "gamma", "beta"])
+task.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+             weighted_metrics=[keras.metrics.SparseCategoricalAccuracy()])
+data = keras_hub_text("train", preset=case["preset"], sequence_length=64).batch(8, drop_remainder=True)
+plain = Losses()
+task.fit(data, epochs=2, verbose=0, callbacks=[plain])
+print("RESULT " + json.dumps({"tpukit": mine.losses, "plain": plain.losses}))
+"""
+
+
+@pytest.mark.integration
+def test_losses_equal_plain_keras_hub_fit_on_the_same_preset_and_data(tiny, tmp_path):
+    result = run_jax_snippet(
+        PLAIN_VS_TPUKIT, json.dumps({"preset": tiny, "out": str(tmp_path / "run")}), timeout=600
+    )
+    assert len(result["tpukit"]) == len(result["plain"]) == 30  # 124 training examples / 8, twice
+    np.testing.assert_allclose(result["tpukit"], result["plain"], rtol=1e-5)
+
+
+@pytest.mark.integration
+def test_a_1x8_mesh_trains_to_the_losses_of_the_2x4_mesh(tiny, tmp_path):
+    runs = [
+        {
+            "recipe": RECIPE,
+            "overrides": [f"model.preset={tiny}", f"runtime.mesh.model={model}", "train.epochs=1"],
+            "output_dir": str(tmp_path / f"model{model}"),
+            "name": str(model),
+        }
+        for model in (4, 8)
+    ]
+    code, results, output = run_jax({"runs": runs}, all_results=True)
+    assert code == 0 and len(results) == 2, output[-3000:]
+    for result in results:
+        assert "error" not in result, result
+    four, eight = results
+    np.testing.assert_allclose(eight["losses"], four["losses"], rtol=0, atol=1e-5)
+    # On 8 the 4 query heads do not divide: left whole, said in the plan, not a failure.
+    assert "mesh axis 'model' has 8 devices, which do not divide 4" in output
+    assert four["metrics"]["strategy"] == eight["metrics"]["strategy"] == "ModelParallel"

@@ -166,9 +166,12 @@ def sharded_assign():
         return
     import jax
     import numpy as np
-    from keras.src.backend.common import standardize_dtype
-    from keras.src.backend.common.stateless_scope import in_stateless_scope
-    from keras.src.backend.jax.core import JaxVariable
+
+    from tpukit.engines.keras import keras_private
+
+    JaxVariable = keras_private.jax_variable_class()
+    in_stateless_scope = keras_private.in_stateless_scope
+    standardize_dtype = keras.backend.standardize_dtype
 
     inherited = JaxVariable.assign
     own = JaxVariable.__dict__.get("assign")

@@ -193,3 +193,18 @@ def variables_left_unmade() -> Iterator[None]:
             yield
     finally:
         global_state.set_global_attribute(name, before)
+
+
+def jax_variable_class():
+    """Keras' JAX variable class (`keras.src.backend.jax.core.JaxVariable`), which the jax engine's
+    `compat.sharded_assign` patches while a model loads (keras-team/keras#21634). Keras 3.15."""
+    from keras.src.backend.jax.core import JaxVariable
+
+    return JaxVariable
+
+
+def in_stateless_scope() -> bool:
+    """Whether Keras is inside a `StatelessScope` (assignments are recorded, not applied). Keras 3.15."""
+    from keras.src.backend.common.stateless_scope import in_stateless_scope as inside
+
+    return inside()
