@@ -7,6 +7,7 @@ _backend.use_default()  # before anything below imports Keras or TensorFlow
 import inspect
 import logging
 
+from tpukit.data import causal_lm as _causal_lm
 from tpukit.data import corrupt
 from tpukit.data import movielens as _movielens
 from tpukit.data import text as _text
@@ -34,6 +35,9 @@ from tpukit.data.tfrecord import tfrecord_images
 # arguments are the recipe keys it accepts (validated against its signature by tpukit.recipe).
 SOURCES = {
     "digits": digits,
+    # Text for a KerasHub causal LM (model.name: keras_hub_causal_lm), tokenized by its preset's preprocessor; its
+    # `preset` and `sequence_length` default to the model's (tpukit.recipe fills them in).
+    "keras_hub_text": _causal_lm.keras_hub_text,
     # By module: `tpukit.data.movielens` stays the module (its VOCABULARY sizes the embeddings), not the function.
     "movielens": _movielens.movielens,
     "movielens_synthetic": _movielens.movielens_synthetic,

@@ -42,6 +42,8 @@ class RecipeError(ValueError):
 
 
 # Keys of the `model` section that tpukit reads itself (fine-tuning); every other key goes to the builder.
+# Data keys a source may declare that default to the model section's (`_inherit_model_arguments`).
+INHERITED_DATA_KEYS = ("preset", "sequence_length")
 MODEL_FIELDS = ("name", "init_weights", "freeze", "lora_rank", "lora_targets")
 
 # What a model's output is trained to predict (`train.task`); "auto" infers it from the model and the labels.
@@ -267,6 +269,7 @@ class Recipe:
                     f"{_show(value)} ({type(value).__name__}). Fix: build it with {cls.__name__}(...), or load the "
                     "recipe with tpukit.load_recipe / tpukit.recipe.from_dict."
                 )
+        _inherit_model_arguments(self)
 
     def validate(self) -> Recipe:
         """Checks every section again (after fields were assigned in place); returns self. Raises RecipeError.
@@ -306,6 +309,20 @@ class Recipe:
             "train": dataclasses.asdict(self.train),
             "runtime": dataclasses.asdict(self.runtime),
         }
+
+
+def _inherit_model_arguments(recipe: Recipe) -> None:
+    """A source that declares `preset` or `sequence_length` (keras_hub_text) takes the model's when the data section
+    leaves them out: `--set model.preset=DIR` then points the tokenizer and the model at the same preset."""
+    from tpukit.data import SOURCES
+
+    source = SOURCES.get(recipe.data.source)
+    if source is None:
+        return
+    params = inspect.signature(source).parameters
+    for key in INHERITED_DATA_KEYS:
+        if key in params and key not in recipe.data.options and key in recipe.model.kwargs:
+            recipe.data.options[key] = recipe.model.kwargs[key]
 
 
 # --------------------------------------------------------------------------------------------------------------
