@@ -715,7 +715,17 @@ def compiled_config(model) -> dict:
     """The loss, loss weights and metrics the builder compiled the model with ({} if it did not compile it)."""
     if not model.compiled:
         return {}
-    config = model.get_compile_config() or {}
+    try:
+        config = model.get_compile_config() or {}
+    except Exception:  # noqa: BLE001 - see below
+        # Inside jax.eval_shape (`tpukit check --topology`) the optimizer's learning rate is a tracer, which
+        # `get_compile_config` cannot serialize; the optimizer is not read from here, so serialize the rest alone
+        # (Keras 3.15 keeps the compile arguments in `model._compile_config.config`).
+        raw = getattr(getattr(model, "_compile_config", None), "config", None) or {}
+        config = {
+            key: keras.saving.serialize_keras_object(raw.get(key))
+            for key in ("loss_weights", "metrics", "weighted_metrics")
+        }
 
     def restore(value):
         if value is None or isinstance(value, str):

@@ -412,6 +412,26 @@ def report(
     return result
 
 
+def _without_weight_reads(recipe: Recipe) -> tuple[Recipe, str | None]:
+    """The recipe with `model.load_weights: false` where its builder reads pretrained weights (a KerasHub preset):
+    the compiled step needs the shapes alone, and reading a 7B preset's weights would allocate them on the host."""
+    import inspect
+
+    from tpukit.models import MODELS
+
+    builder = MODELS.get(recipe.model.name)
+    if builder is None or "load_weights" not in inspect.signature(builder).parameters:
+        return recipe, None
+    if recipe.model.kwargs.get("load_weights") is False:
+        return (
+            recipe,
+            "weights: not read (model.load_weights is false); shapes from the preset's config",
+        )
+    recipe = copy.deepcopy(recipe)
+    recipe.model.kwargs["load_weights"] = False
+    return recipe, "weights: not read (shapes from the preset's config.json; the step is the same)"
+
+
 def _engine_note(requested: str) -> str:
     """ "jax", or why a recipe another engine trains is compiled on the jax engine's path (`auto`: the engine a run
     on that TPU would take, from what is installed here)."""
@@ -457,6 +477,7 @@ def check_topology(
         recipe = copy.deepcopy(recipe)
         recipe.runtime.engine = "jax"
     mesh_for(recipe, tpu.chips)  # refuse before anything is built
+    recipe, weights_note = _without_weight_reads(recipe)
     with _data_here(recipe) as data_note:
         steps = total_steps(recipe, mocked=data_note is not None)
         compiler = _Compiler(recipe, tpu, steps)
@@ -489,6 +510,8 @@ def check_topology(
         )
         if data_note:
             result["data"] = data_note
+        if weights_note:
+            result["weights"] = weights_note
         if not first.compiled.fits and fixes:
             result["fixes"] = find_fixes(compiler, first)
     return result
@@ -533,6 +556,8 @@ def format_text(result: dict) -> str:
         lines.append(f"  note: {result['engine']}")
     if result.get("data"):
         lines.append(f"  note: {result['data']}")
+    if result.get("weights"):
+        lines.append(f"  note: {result['weights']}")
     lines.append(
         f"  per chip: weights {size(per_chip['weights'])}, optimizer {size(per_chip['optimizer'])}, temporaries "
         f"{size(per_chip['temporaries'])}, total {size(per_chip['total'])} of {size(hbm)} "

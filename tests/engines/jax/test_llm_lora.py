@@ -78,11 +78,11 @@ import keras, keras_hub
 case = json.loads(sys.argv[1])
 got = {}
 preset = keras_hub.models.CausalLM.from_preset(case["preset"])
-got["preset"] = preset.generate(case["prompts"], max_length=case["length"])
+got["preset"] = preset.generate(case["prompts"], max_length=case["length"], strip_prompt=True)
 hf = keras_hub.models.CausalLM.from_preset(case["safetensors"])
-got["safetensors"] = hf.generate(case["prompts"], max_length=case["length"])
+got["safetensors"] = hf.generate(case["prompts"], max_length=case["length"], strip_prompt=True)
 task = keras.saving.load_model(case["keras"])
-got["keras"] = task.generate(case["prompts"], max_length=case["length"])
+got["keras"] = task.generate(case["prompts"], max_length=case["length"], strip_prompt=True)
 print("RESULT " + json.dumps(got))
 """
     case = {
