@@ -51,7 +51,9 @@ def test_a_prompt_response_pair_weighs_only_the_response_and_the_end_token(prepr
         len(response) + 1
     )  # y: prompt after start, response, end
     assert list(np.asarray(weight).astype(int)) == expected + [0] * (LENGTH - len(expected))
-    assert int(np.asarray(x["padding_mask"]).sum()) == len(tokens)  # as KerasHub: the end token is real in x
+    assert int(np.asarray(x["padding_mask"]).sum()) == len(
+        tokens
+    )  # as KerasHub: the end token is real in x
     assert x["token_ids"].shape == (LENGTH,) and y.shape == (LENGTH,)
 
 

@@ -23,8 +23,13 @@ from tpukit import data
 from tpukit.data import text
 from tpukit.models import MODELS
 
+# Recipes that fine-tune a KerasHub preset (a download): tests/engines/jax/test_llm_lora.py runs them on a tiny
+# preset made there, on the jax engine they name.
+PRESET_RECIPES = ("gemma_lora", "qwen_lora")
 RECIPE_NAMES = sorted(
-    os.path.basename(p)[: -len(".yaml")] for p in glob.glob(os.path.join(RECIPES, "*.yaml"))
+    os.path.basename(p)[: -len(".yaml")]
+    for p in glob.glob(os.path.join(RECIPES, "*.yaml"))
+    if os.path.basename(p)[: -len(".yaml")] not in PRESET_RECIPES
 )
 
 TINY_TRANSFORMER = [

@@ -44,7 +44,9 @@ def tiny(tmp_path_factory):
 
 def _check(tiny, sizes: dict, topology: str):
     """The check's JSON report and its process's peak resident memory (bytes)."""
-    environment = {k: v for k, v in os.environ.items() if k not in ("KERAS_BACKEND", "JAX_PLATFORMS")}
+    environment = {
+        k: v for k, v in os.environ.items() if k not in ("KERAS_BACKEND", "JAX_PLATFORMS")
+    }
     environment["TF_CPP_MIN_LOG_LEVEL"] = "2"
     backbone = "{" + ", ".join(f"{k}: {v}" for k, v in sizes.items()) + "}"
     done = subprocess.run(
@@ -88,7 +90,9 @@ def test_a_gemma_2b_sized_lora_step_fits_a_v5e_8_with_hbm_per_chip_from_the_comp
     assert "not read" in report["weights"]
 
 
-def test_a_gemma_7b_sized_step_reports_what_it_needs_on_a_v5e_8_without_its_weights_on_the_host(tiny):
+def test_a_gemma_7b_sized_step_reports_what_it_needs_on_a_v5e_8_without_its_weights_on_the_host(
+    tiny,
+):
     report, peak = _check(tiny, GEMMA_7B, "v5e-8")
     assert 8.4e9 < report["parameters"] < 8.6e9  # gemma_7b_en's 8.54B (embedding included)
     assert report["per_chip_bytes"]["total"] > 0
