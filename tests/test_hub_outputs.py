@@ -28,7 +28,9 @@ from tpukit.data.causal_lm import builtin_examples  # noqa: E402
 from tpukit.models import hub  # noqa: E402
 
 LENGTH, BATCH, EPOCHS, RANK = 16, 8, 2, 2
-PROMPTS = ["what is 3 plus 4 ?", "what is 2 plus 2 ?"]
+# Prompts ending in different tokens: a tiny model with random weights tends to repeat the last one, so they
+# generate apart and equal generations below say something.
+PROMPTS = ["what is 3 plus 4 ?", "what is 9 minus 2"]
 
 
 @pytest.fixture(scope="module")
@@ -190,7 +192,7 @@ from tpukit.data.causal_lm import builtin_examples
 from tpukit.engines.keras import export
 from tpukit.models import hub
 
-PROMPTS = ["what is 3 plus 4 ?", "what is 2 plus 2 ?"]
+PROMPTS = ["what is 3 plus 4 ?", "what is 9 minus 2"]
 preset = hub.tiny_preset(tempfile.mkdtemp(), sequence_length=16)
 preprocessor = keras_hub.models.CausalLMPreprocessor.from_preset(preset, sequence_length=16)
 texts = [f"{prompt} {response}" for prompt, response in builtin_examples()][:16]

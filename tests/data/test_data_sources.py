@@ -34,6 +34,15 @@ def source_options(tmp_path_factory):
     }
 
 
+@pytest.fixture(scope="module")
+def hub_preset(tmp_path_factory):
+    """keras_hub_text's options: a tiny preset whose preprocessor tokenizes (made on first use, a few seconds)."""
+    pytest.importorskip("keras_hub")
+    from tpukit.models import hub
+
+    return {"preset": hub.tiny_preset(str(tmp_path_factory.mktemp("preset"))), "sequence_length": 16}
+
+
 def _recipe(source, options, precision="float32"):
     return from_dict(
         {
@@ -46,16 +55,20 @@ def _recipe(source, options, precision="float32"):
 
 
 def test_every_source_is_covered(source_options):
-    # keras_hub_text needs a preset's tokenizer: tests/data/test_causal_lm.py covers it on a tiny preset.
+    # keras_hub_text needs a preset's tokenizer: the `hub_preset` fixture makes a tiny one where a test needs it.
     assert set(source_options) | {"keras_hub_text"} == set(data.SOURCES)
 
 
 @pytest.mark.parametrize("source", sorted(data.SOURCES))
 @pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
 @pytest.mark.integration
-def test_training_and_eval_batches_have_static_shapes(source, policy, source_options):
+def test_training_and_eval_batches_have_static_shapes(source, policy, source_options, request):
     keras.mixed_precision.set_global_policy(policy)
-    recipe = _recipe(source, source_options[source])
+    if source == "keras_hub_text":
+        options = request.getfixturevalue("hub_preset")
+    else:
+        options = source_options[source]
+    recipe = _recipe(source, options)
     with tfds.testing.mock_data(num_examples=8):
         eval_examples = count_examples(recipe, "test")
         train_fn, eval_fn = input_fns(recipe, eval_examples)
