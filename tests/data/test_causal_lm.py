@@ -96,3 +96,19 @@ def test_jsonl_files_and_a_line_without_the_keys(preset, tmp_path):
             format="jsonl",
             files=str(tmp_path / "none*.jsonl"),
         )
+
+
+def test_a_preset_that_is_not_there_is_named_with_the_fix(tmp_path):
+    """The data source reads the preset first (before the model is built): a missing one is the recipe's key and the
+    fix (tests/environment/test_presets.py: no network, no credentials), exit 2 with no traceback."""
+    from tpukit.recipe import RecipeError
+    from tpukit.task import count_data
+
+    missing = str(tmp_path / "no_such_preset")
+    recipe = tpukit.load_recipe("gemma_lora", [f"model.preset={missing}"])
+    with pytest.raises(RecipeError) as raised:
+        count_data(recipe, evaluating=True)
+    assert (
+        f"data: model.preset (or data.preset): {missing!r} is not a KerasHub preset directory"
+        in str(raised.value)
+    )

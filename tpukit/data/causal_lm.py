@@ -26,6 +26,7 @@ import os
 import tensorflow as tf
 
 from tpukit.data.pipeline import shard
+from tpukit.environment import presets
 
 logger = logging.getLogger("tpukit")
 
@@ -169,9 +170,10 @@ def _preprocessor(preset: str, sequence_length: int):
         raise ValueError(
             f"keras_hub_text: sequence_length must be an integer >= 2; received {sequence_length!r}."
         )
-    return keras_hub.models.CausalLMPreprocessor.from_preset(
-        preset, sequence_length=sequence_length
-    )
+    with presets.reading(preset, "model.preset (or data.preset)"):
+        return keras_hub.models.CausalLMPreprocessor.from_preset(
+            preset, sequence_length=sequence_length
+        )
 
 
 def _tokenized(examples: tf.data.Dataset, preprocessor, kind: str) -> tf.data.Dataset:

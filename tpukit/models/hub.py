@@ -23,6 +23,8 @@ from typing import Any
 
 import keras
 
+from tpukit.environment import presets
+
 # The preset families `tiny_preset` makes, and the backbone settings of their tiny configurations: 4 query heads
 # over 2 key/value heads (grouped-query attention, as the real presets), so a model axis of 4 leaves the key/value
 # projections unsplit.
@@ -94,13 +96,13 @@ def keras_hub_causal_lm(
             f"keras_hub_causal_lm: backbone={overrides} changes the preset's architecture, whose weights then do "
             "not fit it. Fix: set load_weights: false as well (tpukit check does), or leave backbone unset."
         )
-    _check_local(preset)
-    built = keras_hub.models.Backbone.from_preset(
-        preset, load_weights=load_weights, **({"dtype": dtype} if dtype else {}), **overrides
-    )
-    preprocessor = keras_hub.models.CausalLMPreprocessor.from_preset(
-        preset, sequence_length=sequence_length
-    )
+    with presets.reading(preset, "model.preset"):
+        built = keras_hub.models.Backbone.from_preset(
+            preset, load_weights=load_weights, **({"dtype": dtype} if dtype else {}), **overrides
+        )
+        preprocessor = keras_hub.models.CausalLMPreprocessor.from_preset(
+            preset, sequence_length=sequence_length
+        )
     task = task_class(type(built))(backbone=built, preprocessor=preprocessor)
     task.compile(
         sampler=sampler
@@ -132,7 +134,8 @@ def backbone_class(preset: str):
     keras_hub = _keras_hub("model.name=keras_hub_causal_lm")
     from keras_hub.src.utils import preset_utils  # the config reader KerasHub's own loaders use
 
-    config = preset_utils.load_json(preset, preset_utils.CONFIG_FILE)
+    with presets.reading(preset, "model.preset"):
+        config = preset_utils.load_json(preset, preset_utils.CONFIG_FILE)
     cls = keras.saving.get_registered_object(config.get("registered_name") or "")
     if cls is None:
         cls = getattr(keras_hub.models, config.get("class_name", ""), None)
@@ -239,20 +242,6 @@ def _qwen_tokenizer(texts: list[str]):
                 add(token + char)
                 token += char
     return keras_hub.models.QwenTokenizer(vocabulary=vocabulary, merges=merges)
-
-
-def _check_local(preset: str) -> None:
-    """A path that looks local but is not a preset directory: KerasHub would try it as a Kaggle handle and fail
-    with a network error; say what is missing instead."""
-    looks_local = (
-        preset.startswith(("/", "./", "../", "~")) or os.sep in preset and "://" not in preset
-    )
-    if looks_local and not os.path.isfile(os.path.join(os.path.expanduser(preset), "config.json")):
-        raise ValueError(
-            f"keras_hub_causal_lm: preset={preset!r} is not a KerasHub preset directory (no config.json there). "
-            "Fix: a directory written by save_to_preset (tpukit.models.hub.tiny_preset makes a tiny one), or a "
-            "handle such as gemma_2b_en."
-        )
 
 
 def _keras_hub(what: str):

@@ -26,7 +26,7 @@ import logging
 import math
 from typing import Any
 
-from tpukit.environment import quiet
+from tpukit.environment import presets, quiet
 from tpukit.planner import hardware as performance
 from tpukit.planner.topologies import Topology, topology
 from tpukit.recipe import Recipe, RecipeError
@@ -485,6 +485,8 @@ def check_topology(
             first = compiler.attempt({}, recipe)
         except RecipeError:
             raise
+        except presets.PresetError as error:  # the model's preset, not the data or the compiler
+            raise RecipeError(f"{recipe.path}: {error}") from None
         except Exception as error:  # noqa: BLE001 - every failure becomes a message (exit 2), no traceback
             if not _is_data_error(error):
                 raise RecipeError(
