@@ -241,3 +241,33 @@ def test_jax_samples_on_a_4x2_mesh_and_the_exports_generate_its_tokens():
     ]
     for name, (difference, generations) in result["reloaded"].items():
         assert difference < 2e-5 and generations == expected, name
+
+
+@pytest.mark.integration  # about 10 s: a tiny Qwen preset exported and read back by KerasHub's own loader
+def test_a_qwen_preset_exports_safetensors_that_keras_hub_reloads(tmp_path):
+    """KerasHub 0.32 exports Qwen 2 without `use_sliding_window` in config.json and without tokenizer.json, and its
+    own Hugging Face loader needs both (a KeyError, then a missing file); tpukit's export adds them."""
+    import json
+
+    import tokenizers
+
+    preset = hub.tiny_preset(str(tmp_path / "tiny"), "qwen", sequence_length=LENGTH)
+    path = export.save_safetensors(preset, str(tmp_path / "run"))
+    with open(os.path.join(path, "config.json")) as file:
+        config = json.load(file)
+    assert config["architectures"] == ["Qwen2ForCausalLM"]
+    assert config["use_sliding_window"] is False and isinstance(config["sliding_window"], int)
+    original = keras_hub.models.CausalLM.from_preset(preset)
+    reloaded = keras_hub.models.CausalLM.from_preset(path)
+    x = {
+        "token_ids": np.array([[5, 9, 12, 3, 0, 0]]),
+        "padding_mask": np.array([[1, 1, 1, 1, 0, 0]]),
+    }
+    assert np.abs(np.asarray(reloaded(x)) - np.asarray(original(x))).max() < 1e-6
+    # The end token is one special token in both tokenizers; a text round-trips through tokenizer.json.
+    fast = tokenizers.Tokenizer.from_file(os.path.join(path, "tokenizer.json"))
+    end = original.preprocessor.tokenizer.end_token_id
+    assert fast.encode("<|endoftext|>").ids == [end]
+    assert reloaded.preprocessor.tokenizer.end_token_id == end
+    text = "what is 9 minus 2 ?"
+    assert fast.decode(fast.encode(text).ids) == text

@@ -815,18 +815,82 @@ def save_safetensors(preset: str, output_dir: str) -> str:
         with writing(OUTPUT_NAMES["safetensors"], path), _removed_on_failure(temporary):
             task.export_to_transformers(temporary)
             _fixed_key_value_heads(task.backbone, temporary)
+            _byte_level_tokenizer_json(task.preprocessor.tokenizer, temporary)
             config_path = os.path.join(temporary, "config.json")
             with open(config_path) as file:
                 config = json.load(file)
-            architecture = HF_ARCHITECTURES.get(config.get("model_type"))
-            if architecture and not config.get("architectures"):
-                config["architectures"] = [architecture]
+            completed = _completed_config(task.backbone, config)
+            if completed != config:
                 with open(config_path, "w") as file:
-                    json.dump(config, file, indent=2)
+                    json.dump(completed, file, indent=2)
             _replace_directory(temporary, path)
     finally:
         keras.distribution.set_distribution(distribution)
     return path
+
+
+def _completed_config(backbone, config: dict) -> dict:
+    """config.json with what KerasHub 0.32's exporter leaves out: `architectures` (vLLM and KerasHub's own Hugging
+    Face loader pick the model class by it) and, for Qwen 2, `use_sliding_window` and `sliding_window`, which
+    KerasHub's loader reads (`convert_qwen.py`: a KeyError without them) and Transformers defaults."""
+    completed = dict(config)
+    architecture = HF_ARCHITECTURES.get(config.get("model_type"))
+    if architecture and not config.get("architectures"):
+        completed["architectures"] = [architecture]
+    if config.get("model_type") == "qwen2":
+        completed.setdefault("use_sliding_window", bool(backbone.use_sliding_window_attention))
+        completed.setdefault("sliding_window", int(backbone.sliding_window_size))
+    return completed
+
+
+# The pre-tokenizer pattern of Qwen 2's tokenizer.json (Transformers' `Qwen2Converter`, convert_slow_tokenizer.py).
+QWEN_SPLIT = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+
+
+def _byte_level_tokenizer_json(tokenizer, directory: str) -> None:
+    """tokenizer.json beside the vocab.json and merges.txt that KerasHub 0.32 exports for a byte-level BPE (Qwen 2):
+    KerasHub's own Hugging Face loader reads only tokenizer.json (`convert_qwen.convert_tokenizer`), vLLM and
+    Transformers prefer it. Written as Transformers' `Qwen2Converter` writes it, with the `tokenizers` library (a
+    KerasHub dependency)."""
+    import json
+
+    if not os.path.isfile(os.path.join(directory, "vocab.json")) or os.path.isfile(
+        os.path.join(directory, "tokenizer.json")
+    ):
+        return
+    import tokenizers
+    from tokenizers import decoders, normalizers, pre_tokenizers, processors
+
+    with open(os.path.join(directory, "vocab.json"), encoding="utf-8") as file:
+        vocabulary = json.load(file)
+    with open(os.path.join(directory, "merges.txt"), encoding="utf-8") as file:
+        lines = [line.rstrip("\n") for line in file]
+    merges = [tuple(line.split(" ")) for line in lines if line and not line.startswith("#version")]
+    built = tokenizers.Tokenizer(
+        tokenizers.models.BPE(
+            vocab=vocabulary,
+            merges=merges,
+            unk_token=None,
+            continuing_subword_prefix="",
+            end_of_word_suffix="",
+            fuse_unk=False,
+            byte_fallback=False,
+        )
+    )
+    built.normalizer = normalizers.NFC()
+    built.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(tokenizers.Regex(QWEN_SPLIT), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    built.decoder = decoders.ByteLevel()
+    built.post_processor = processors.ByteLevel(trim_offsets=False)
+    special = list(getattr(tokenizer, "special_tokens", None) or [])
+    built.add_special_tokens(
+        [tokenizers.AddedToken(t, normalized=False, special=True) for t in special]
+    )
+    built.save(os.path.join(directory, "tokenizer.json"))
 
 
 def _fixed_key_value_heads(backbone, directory: str) -> None:
