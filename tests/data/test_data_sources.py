@@ -40,7 +40,10 @@ def hub_preset(tmp_path_factory):
     pytest.importorskip("keras_hub")
     from tpukit.models import hub
 
-    return {"preset": hub.tiny_preset(str(tmp_path_factory.mktemp("preset"))), "sequence_length": 16}
+    return {
+        "preset": hub.tiny_preset(str(tmp_path_factory.mktemp("preset"))),
+        "sequence_length": 16,
+    }
 
 
 def _recipe(source, options, precision="float32"):

@@ -439,10 +439,18 @@ def _backbone_lora_targets(
             }
             unknown = sorted(names - present)
             if unknown:
+                able = sorted(
+                    {
+                        layer.name
+                        for layer in backbone._flatten_layers(include_self=False)
+                        if layer.weights and hasattr(layer, "enable_lora")
+                    }
+                )
+                shown = ", ".join(able[:24]) + (f", ... ({len(able)} in all)" if len(able) > 24 else "")
                 raise RecipeError(
                     f"{path}: model.lora_targets names {unknown}, which {type(backbone).__name__} has no layer "
-                    f"with weights called; its layers include {sorted(present)[:12]}. Fix: names from that list "
-                    f"(KerasHub's default: {sorted(backbone.default_lora_layer_names())})."
+                    f"with weights called; the names of its layers that take LoRA: {shown}. Fix: names from that "
+                    f"list (KerasHub's default: {sorted(backbone.default_lora_layer_names())})."
                 )
         mine = [
             layer

@@ -166,7 +166,9 @@ def test_a_tiny_gemma_preset_loads_into_its_family_layout_sharded_and_exact():
     # A vocabulary the model axis does not divide (30 tokens over 4) stays whole; the hidden dimension still splits
     # on data.
     vocabulary = result["vocabulary"]
-    assert vocabulary % 4, f"the test needs a vocabulary that 4 does not divide; the tiny preset made {vocabulary}"
+    assert vocabulary % 4, (
+        f"the test needs a vocabulary that 4 does not divide; the tiny preset made {vocabulary}"
+    )
     assert result["2x4"]["specs"]["token_embedding/embeddings"] == [None, "data"]
     assert result["2x4"]["shards"]["token_embedding/embeddings"] == [vocabulary, 16]
     # Keras' own assign (without `compat.sharded_assign`) puts each whole value on one device first: the check above
