@@ -6,7 +6,7 @@ Runs `tpukit.run` on the JAX backend and prints one line `RESULT {json}`: the me
 step, and for each trainable variable its global shape, the shape of the shard on the first device and its
 `PartitionSpec` (read from the arrays themselves, so a layout that shards nothing cannot pass for one that does).
 `kill_at_step`: SIGKILL this process once that step has ended (a checkpoint saved at it may still be in flight;
-with `kill_after_commit`, once no save is). `cache_hits`:
+with `kill_after_commit`, once a checkpoint is committed and no save is in flight). `cache_hits`:
 computations loaded from the persistent compilation cache (JAX's monitoring event). `compiles`: the
 XLA compilations of the run (`jax_log_compiles`), each as [the jitted function's name, the epoch of `fit` it
 happened in (None: outside fit)]. `open_exports`: SavedModel export processes the engine left running; before a
@@ -66,13 +66,11 @@ class Recorder(keras.callbacks.Callback):
         self.losses.append(float(logs["loss"]))
         step = int(self.model.optimizer.iterations.numpy())
         if self.kill_at_step and step >= self.kill_at_step:
-            if (
-                self.committed_dir
-            ):  # the asynchronous save in flight committed first (never a temporary left)
+            if self.committed_dir:
+                # The asynchronous save committed first: a checkpoint there and no temporary left. (Waiting only
+                # for no temporary raced a save whose thread had not yet made its directory on a loaded CPU.)
                 deadline = time.monotonic() + 60
-                while time.monotonic() < deadline and any(
-                    "tmp" in n for n in os.listdir(self.committed_dir)
-                ):
+                while time.monotonic() < deadline and not _committed(self.committed_dir):
                     time.sleep(0.02)
             # The SavedModel export processes (paused now, while steps train) must end with this one.
             print("EXPORT_PROCESSES " + json.dumps(_export_pids()), flush=True)
@@ -87,6 +85,13 @@ class Recorder(keras.callbacks.Callback):
                 "spec": str(getattr(array.sharding, "spec", "")),
                 "devices": len(array.sharding.device_set),
             }
+
+
+def _committed(directory: str) -> bool:
+    names = os.listdir(directory) if os.path.isdir(directory) else []
+    # A trained step's (a new run also saves its initial weights as ckpt_0, before training).
+    steps = [int(m.group(1)) for m in map(re.compile(r"ckpt_(\d+)").fullmatch, names) if m]
+    return any(steps) and not any("tmp" in n for n in names)
 
 
 def _open_exports() -> int:
