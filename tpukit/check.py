@@ -29,6 +29,7 @@ def check(
     epochs: int = 1,
     price_per_chip_hour: float | None = None,
     fixes: bool = True,
+    largest_batch: bool = False,
     **settings: Any,
 ) -> dict:
     """Compiles a training step for `topology` (e.g. "v5e-8") with libtpu, the TPU compiler, and returns the report
@@ -40,7 +41,8 @@ def check(
             a recipe file or a packaged recipe's name, which then needs no other argument).
         x, y, dataset_fn, epochs, batch_size, **settings: as in `tpukit.fit` (`batch_size` is the global batch;
             `mesh={"model": 2}`, `layout=...`, `optimizer=...`, `precision=...` and any other recipe key).
-        topology, price_per_chip_hour, fixes: as `--topology`, `--price-per-chip-hour` and not `--no-fixes`.
+        topology, price_per_chip_hour, fixes, largest_batch: as `--topology`, `--price-per-chip-hour`, not
+            `--no-fixes` and `--largest-batch`.
 
     Needs Keras' JAX backend (call `tpukit.use_engine("jax")` before Keras is imported) and libtpu (`pip install
     "tpukit[tpu-check]"`); no TPU. Nothing is allocated for the model's variables.
@@ -52,7 +54,11 @@ def check(
     if "keras" not in sys.modules:
         use_engine("jax")  # else tpu_check says how to switch, if Keras loaded another backend
 
-    options = {"price_per_chip_hour": price_per_chip_hour, "fixes": fixes}
+    options = {
+        "price_per_chip_hour": price_per_chip_hour,
+        "fixes": fixes,
+        "largest_batch": largest_batch,
+    }
     if isinstance(model_fn, (str, Recipe)):
         recipe = load_recipe(model_fn) if isinstance(model_fn, str) else model_fn
         return check_topology(recipe, topology, **options)

@@ -518,7 +518,7 @@ COMMANDS: dict[str, Command] = {
     "check": Command(
         summary="is this recipe ready for a TPU? checked on a CPU, rule by rule",
         synopsis="tpukit check RECIPE [--cores N] [--tpu-type v5e] [--set SECTION.KEY=VALUE ...] [--json]\n"
-        "tpukit check RECIPE --topology NAME [--set ...] [--json] [--price-per-chip-hour P] [--no-fixes]",
+        "tpukit check RECIPE --topology NAME [--set ...] [--json] [--price-per-chip-hour P] [--no-fixes] [--largest-batch]",
         description="Static shapes, batch divisibility, Python ops in the input, gs:// paths, one XLA step, one "
         "step in the TPU's precision, memory against HBM: pass, warn or fail, each failure with its fix. With "
         "--topology (v5e-8, v6e-16, v5p-32, ...): the training step compiled by libtpu, the TPU compiler, on this "

@@ -208,6 +208,7 @@ def test_the_mesh_must_fit_the_topologys_chips(char_lm):
         (["--topology", "v5e-8", "--hbm-gib=16"], "--hbm-gib is for the rules"),
         (["--topology", "v5e-8", "--rule=batch"], "--rule is for the rules"),
         (["--price-per-chip-hour", "1.2"], "go with --topology"),
+        (["--largest-batch"], "--largest-batch go with --topology"),
     ],
 )
 def test_the_command_refuses_bad_flags_before_anything_loads(argv, expected, capsys):

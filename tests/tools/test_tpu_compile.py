@@ -85,9 +85,9 @@ tpukit.use_engine("jax")
 from tpukit.recipe import load_recipe
 from tpukit.tools import tpu_check
 
-def check(topology, *sets, fixes=False):
+def check(topology, *sets, fixes=False, largest_batch=False):
     recipe = load_recipe("textfiles_char_lm", ["runtime.engine=jax", *sets])
-    return tpu_check.check_topology(recipe, topology, fixes=fixes)
+    return tpu_check.check_topology(recipe, topology, fixes=fixes, largest_batch=largest_batch)
 
 result = {}
 result["batch"] = [check("v5e-8", f"data.global_batch_size={b}") for b in (256, 512)]
@@ -96,6 +96,12 @@ big = ["model.hidden_dim=1024", "model.mlp_dim=4096", "model.num_heads=8", "mode
 result["too_large"] = check("v5e-1", "data.global_batch_size=8192", *big, fixes=True)
 fix = result["too_large"].get("fixes", [{}])[0].get("set", {})
 result["fix"] = check("v5e-1", *[f"{k}={v}" for k, v in fix.items()], *big) if fix else None
+# From a quarter of that batch, upward: the largest batch found to fit, and the smallest found not to, compiled again.
+if fix:
+    start = max(1, fix["data.global_batch_size"] // 4)
+    result["largest"] = check("v5e-1", f"data.global_batch_size={start}", *big, largest_batch=True)
+    above = result["largest"].get("largest_batch", {}).get("smallest_that_did_not_fit")
+    result["above"] = check("v5e-1", f"data.global_batch_size={above}", *big) if above else None
 print("RESULT " + json.dumps(result))
 """
 
@@ -199,3 +205,18 @@ def test_a_5b_parameter_model_is_refused_on_v5e_8_at_model_1_and_its_model_axis_
     fixes = {tuple(sorted(f["set"].items())): f for f in report["fixes"]}
     model_fix = [f for key, f in fixes.items() if key and key[0][0] == "runtime.mesh.model"]
     assert model_fix and model_fix[0]["fits"] and model_fix[0]["per_chip_bytes"] < 16e9
+
+
+def test_a_step_that_fits_reports_the_largest_batch_found_to_fit(properties):
+    """`--largest-batch`: searched upward from a batch that fits, each candidate compiled; the batch it reports fits,
+    the next one it tried does not, and it lands near the batch the downward fix search found (both within 1/8 of
+    the largest that fits when their compiles sufficed)."""
+    report, suggested = properties["largest"], properties["fix"]["global_batch_size"]
+    assert report["fits"] and report["global_batch_size"] == max(1, suggested // 4)
+    largest = report["largest_batch"]
+    assert largest["compiles"] <= 5
+    assert report["global_batch_size"] < largest["global_batch_size"]
+    assert largest["per_chip_bytes"] <= report["hbm_bytes_per_chip"]
+    assert suggested // 2 <= largest["global_batch_size"] <= suggested * 2
+    assert largest["smallest_that_did_not_fit"] > largest["global_batch_size"]
+    assert properties["above"]["fits"] is False

@@ -446,7 +446,9 @@ def _backbone_lora_targets(
                         if layer.weights and hasattr(layer, "enable_lora")
                     }
                 )
-                shown = ", ".join(able[:24]) + (f", ... ({len(able)} in all)" if len(able) > 24 else "")
+                shown = ", ".join(able[:24]) + (
+                    f", ... ({len(able)} in all)" if len(able) > 24 else ""
+                )
                 raise RecipeError(
                     f"{path}: model.lora_targets names {unknown}, which {type(backbone).__name__} has no layer "
                     f"with weights called; the names of its layers that take LoRA: {shown}. Fix: names from that "

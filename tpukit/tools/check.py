@@ -1382,6 +1382,12 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         action="store_true",
         help="with --topology: when the step does not fit, do not compile the configurations that might",
     )
+    parser.add_argument(
+        "--largest-batch",
+        action="store_true",
+        help="with --topology: when the step fits, also compile larger global batches (at most 5) and report the "
+        "largest found to fit",
+    )
     return parser
 
 
@@ -1399,9 +1405,10 @@ def _rules_main(args) -> int:
     # None: not given (so that --topology can refuse them when they are)
     args.cores = 8 if args.cores is None else args.cores
     args.tpu_type = args.tpu_type or DEFAULT_TPU_TYPE
-    if args.price_per_chip_hour is not None or args.no_fixes:
+    if args.price_per_chip_hour is not None or args.no_fixes or args.largest_batch:
         print(
-            "tpukit: error: --price-per-chip-hour and --no-fixes go with --topology. Fix: add --topology NAME "
+            "tpukit: error: --price-per-chip-hour, --no-fixes and --largest-batch go with --topology. Fix: add "
+            "--topology NAME "
             "(e.g. --topology v5e-8).",
             file=sys.stderr,
         )
@@ -1474,6 +1481,7 @@ def _topology_main(args) -> int:
             args.topology,
             price_per_chip_hour=args.price_per_chip_hour,
             fixes=not args.no_fixes,
+            largest_batch=args.largest_batch,
         )
     except RecipeError as error:
         print(f"tpukit: error: {error}", file=sys.stderr)

@@ -230,6 +230,44 @@ def _largest_batch(compiler: _Compiler, first: Attempt, data: int) -> Attempt | 
     return best
 
 
+def largest_batch_above(compiler: _Compiler, first: Attempt, data: int) -> dict:
+    """When the recipe's step fits: the largest global batch (a multiple of the data axis) found to compile and fit,
+    searched upward. The first guess scales the batch by what is left of HBM over what the step needs beyond its
+    state (activations grow with the batch); a guess that fits is doubled, one that does not bisected (geometric),
+    until the two are within 1/8 of each other. At most MAX_BATCH_COMPILES compiles. Returns the batch, its bytes per
+    chip, the smallest batch found not to fit (None: none was tried) and the compiles spent."""
+    recipe, hbm = compiler.recipe, _usable(compiler, first)
+    batch, state = recipe.data.global_batch_size, _state_bytes(first.step)
+    beyond = max(first.compiled.total_bytes - state, 1)
+    guess = int(batch * 0.9 * (hbm - state) / beyond) // data * data
+    low, high, best, compiles = batch, None, first, 0
+    size = max(guess, batch + data)
+    while compiles < MAX_BATCH_COMPILES:
+        logger.info(
+            "tpukit: compiling for %s: --set data.global_batch_size=%d", compiler.tpu.name, size
+        )
+        tried = compiler.attempt({"data.global_batch_size": size}, _variant(recipe, batch=size))
+        compiles += 1
+        if tried.compiled.fits:
+            best, low = tried, size
+        else:
+            high = size
+        if high is None:
+            size = low * 2
+        else:
+            if (high - low) <= max(data, low // 8):
+                break
+            size = int(math.sqrt(low * high)) // data * data
+            if size <= low:
+                break
+    return {
+        "global_batch_size": low,
+        "per_chip_bytes": best.compiled.total_bytes,
+        "smallest_that_did_not_fit": high,
+        "compiles": compiles,
+    }
+
+
 def _usable(compiler: _Compiler, first: Attempt) -> float:
     """HBM a step may use per chip: libtpu's own figure when it ran out of memory (15.75 GiB on v5e, whose docs say
     16 GB), else the chip's from the topology table."""
@@ -451,9 +489,11 @@ def check_topology(
     *,
     price_per_chip_hour: float | None = None,
     fixes: bool = True,
+    largest_batch: bool = False,
 ) -> dict:
     """Compiles `recipe`'s training step for `topology_name` (e.g. "v5e-8") with libtpu and returns the report
-    (`fits`, bytes per chip, FLOPs, roofline bound, collectives; `fixes` when it does not fit).
+    (`fits`, bytes per chip, FLOPs, roofline bound, collectives; `fixes` when it does not fit; with `largest_batch`,
+    `largest_batch` when it fits: the largest global batch found to fit, `largest_batch_above`).
 
     Needs Keras' JAX backend (`tpukit.use_engine("jax")` before Keras is imported; the command line sets it) and
     libtpu (`pip install "tpukit[tpu-check]"`).
@@ -516,6 +556,10 @@ def check_topology(
             result["weights"] = weights_note
         if not first.compiled.fits and fixes:
             result["fixes"] = find_fixes(compiler, first)
+        if first.compiled.fits and largest_batch:
+            result["largest_batch"] = largest_batch_above(
+                compiler, first, mesh_for(recipe, tpu.chips)[0]
+            )
     return result
 
 
@@ -604,6 +648,19 @@ def format_text(result: dict) -> str:
                 "matmul contracts or keeps (runtime.layout)."
             )
         lines.append(f"FITS: {size(per_chip['total'])} per chip of {size(hbm)}.")
+        largest = result.get("largest_batch")
+        if largest:
+            above = largest["smallest_that_did_not_fit"]
+            lines.append(
+                f"  largest global batch found to fit (compiled): --set data.global_batch_size="
+                f"{largest['global_batch_size']}, {size(largest['per_chip_bytes'])} per chip; "
+                + (
+                    f"{above} did not fit"
+                    if above
+                    else f"larger batches were not tried ({largest['compiles']} compiles)"
+                )
+                + "."
+            )
     else:
         lines.append(f"  libtpu: {result['out_of_memory']}")
         lines.append(
@@ -626,4 +683,11 @@ def format_text(result: dict) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["check_topology", "find_fixes", "format_text", "mesh_for", "report"]
+__all__ = [
+    "check_topology",
+    "find_fixes",
+    "format_text",
+    "largest_batch_above",
+    "mesh_for",
+    "report",
+]
