@@ -271,3 +271,20 @@ def test_a_qwen_preset_exports_safetensors_that_keras_hub_reloads(tmp_path):
     assert reloaded.preprocessor.tokenizer.end_token_id == end
     text = "what is 9 minus 2 ?"
     assert fast.decode(fast.encode(text).ids) == text
+
+
+def test_only_qwen_gets_a_tokenizer_json_of_qwens_split_rules(tmp_path):
+    """GPT-2's export has vocab.json and merges.txt too, but GPT-2 splits text another way (review of issue 41):
+    tokenizer.json is written for model_type qwen2 only."""
+    import json
+    import types
+
+    for model_type in ("gpt2", "qwen2"):
+        directory = tmp_path / model_type
+        directory.mkdir()
+        (directory / "config.json").write_text(json.dumps({"model_type": model_type}))
+        (directory / "vocab.json").write_text(json.dumps({"a": 0, "b": 1, "ab": 2}))
+        (directory / "merges.txt").write_text("#version: 0.2\na b\n")
+        export._byte_level_tokenizer_json(types.SimpleNamespace(special_tokens=[]), str(directory))
+    assert not (tmp_path / "gpt2" / "tokenizer.json").exists()
+    assert (tmp_path / "qwen2" / "tokenizer.json").exists()

@@ -129,23 +129,29 @@ def total_steps(recipe: Recipe, mocked: bool = False) -> int | None:
     """The recipe's training steps (epochs x steps per epoch), None when the data cannot be counted here."""
     if recipe.train.steps_per_epoch:
         return recipe.train.epochs * recipe.train.steps_per_epoch
+    examples = training_examples(recipe, mocked)
+    if examples is None:
+        return None
+    return recipe.train.epochs * max(1, examples // recipe.data.global_batch_size)
+
+
+def training_examples(recipe: Recipe, mocked: bool = False) -> int | None:
+    """The training split's examples, None when they cannot be counted here (`mocked`: the catalogue's count of a
+    TFDS dataset that is not downloaded)."""
     from tpukit import task
 
     try:
         if mocked:
             from tpukit.data.tfds import published_split_size
 
-            examples = published_split_size(
+            return published_split_size(
                 recipe.data.options.get("name", "mnist"), recipe.data.train_split
             )
-            if examples is None:
-                return None
-        else:
-            examples = task.count_examples(recipe, recipe.data.train_split)
+        return task.count_examples(recipe, recipe.data.train_split)
     except Exception as error:  # noqa: BLE001 - the time estimate is a report: it must not stop the check
-        logger.info("tpukit: the training examples could not be counted (%s)", error)
+        if not isinstance(error, presets.PresetError):  # else the build says it, once
+            logger.info("tpukit: the training examples could not be counted (%s)", error)
         return None
-    return recipe.train.epochs * max(1, examples // recipe.data.global_batch_size)
 
 
 class _Compiler:
@@ -230,23 +236,38 @@ def _largest_batch(compiler: _Compiler, first: Attempt, data: int) -> Attempt | 
     return best
 
 
-def largest_batch_above(compiler: _Compiler, first: Attempt, data: int) -> dict:
-    """When the recipe's step fits: the largest global batch (a multiple of the data axis) found to compile and fit,
+def largest_batch_above(
+    compiler: _Compiler, first: Attempt, data: int, examples: int | None = None
+) -> dict:
+    """When the recipe's step fits: the largest global batch (a multiple of the data axis, at most the training
+    split's `examples` where they are known: a larger batch is refused by the plan) found to compile and fit,
     searched upward. The first guess scales the batch by what is left of HBM over what the step needs beyond its
     state (activations grow with the batch); a guess that fits is doubled, one that does not bisected (geometric),
-    until the two are within 1/8 of each other. At most MAX_BATCH_COMPILES compiles. Returns the batch, its bytes per
-    chip, the smallest batch found not to fit (None: none was tried) and the compiles spent."""
+    until the two are within 1/8 of each other or MAX_BATCH_COMPILES compiles are spent. Returns the batch, its bytes
+    per chip, the smallest batch found not to fit (None: none was; `limit` then says what stopped the search) and
+    the compiles spent."""
     recipe, hbm = compiler.recipe, _usable(compiler, first)
     batch, state = recipe.data.global_batch_size, _state_bytes(first.step)
+    ceiling = examples // data * data if examples else None
     beyond = max(first.compiled.total_bytes - state, 1)
     guess = int(batch * 0.9 * (hbm - state) / beyond) // data * data
-    low, high, best, compiles = batch, None, first, 0
+    low, high, best, compiles, limit = batch, None, first, 0, None
     size = max(guess, batch + data)
     while compiles < MAX_BATCH_COMPILES:
+        if ceiling is not None and size >= ceiling:
+            if low >= ceiling:
+                limit = f"the training split's {examples} examples"
+                break
+            size = ceiling
         logger.info(
             "tpukit: compiling for %s: --set data.global_batch_size=%d", compiler.tpu.name, size
         )
-        tried = compiler.attempt({"data.global_batch_size": size}, _variant(recipe, batch=size))
+        try:
+            tried = compiler.attempt({"data.global_batch_size": size}, _variant(recipe, batch=size))
+        except Exception as error:  # noqa: BLE001 - a batch that cannot be compiled is not offered
+            logger.info("tpukit: data.global_batch_size=%d: %s", size, _first_line(error))
+            high = size
+            break
         compiles += 1
         if tried.compiled.fits:
             best, low = tried, size
@@ -260,10 +281,13 @@ def largest_batch_above(compiler: _Compiler, first: Attempt, data: int) -> dict:
             size = int(math.sqrt(low * high)) // data * data
             if size <= low:
                 break
+    if high is None and limit is None:
+        limit = f"{compiles} compiles"
     return {
         "global_batch_size": low,
         "per_chip_bytes": best.compiled.total_bytes,
         "smallest_that_did_not_fit": high,
+        "limit": limit,
         "compiles": compiles,
     }
 
@@ -558,7 +582,10 @@ def check_topology(
             result["fixes"] = find_fixes(compiler, first)
         if first.compiled.fits and largest_batch:
             result["largest_batch"] = largest_batch_above(
-                compiler, first, mesh_for(recipe, tpu.chips)[0]
+                compiler,
+                first,
+                mesh_for(recipe, tpu.chips)[0],
+                training_examples(recipe, mocked=data_note is not None),
             )
     return result
 
@@ -657,7 +684,7 @@ def format_text(result: dict) -> str:
                 + (
                     f"{above} did not fit"
                     if above
-                    else f"larger batches were not tried ({largest['compiles']} compiles)"
+                    else f"no larger batch was tried (the limit: {largest['limit']})"
                 )
                 + "."
             )

@@ -848,15 +848,16 @@ QWEN_SPLIT = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[
 
 
 def _byte_level_tokenizer_json(tokenizer, directory: str) -> None:
-    """tokenizer.json beside the vocab.json and merges.txt that KerasHub 0.32 exports for a byte-level BPE (Qwen 2):
+    """tokenizer.json beside the vocab.json and merges.txt that KerasHub 0.32 exports for Qwen 2's byte-level BPE:
     KerasHub's own Hugging Face loader reads only tokenizer.json (`convert_qwen.convert_tokenizer`), vLLM and
     Transformers prefer it. Written as Transformers' `Qwen2Converter` writes it, with the `tokenizers` library (a
     KerasHub dependency)."""
     import json
 
-    if not os.path.isfile(os.path.join(directory, "vocab.json")) or os.path.isfile(
-        os.path.join(directory, "tokenizer.json")
-    ):
+    with open(os.path.join(directory, "config.json")) as file:
+        model_type = json.load(file).get("model_type")
+    # Qwen 2's split rules only: GPT-2's vocab.json and merges.txt (also exported) split text another way.
+    if model_type != "qwen2" or os.path.isfile(os.path.join(directory, "tokenizer.json")):
         return
     import tokenizers
     from tokenizers import decoders, normalizers, pre_tokenizers, processors
@@ -886,7 +887,12 @@ def _byte_level_tokenizer_json(tokenizer, directory: str) -> None:
     )
     built.decoder = decoders.ByteLevel()
     built.post_processor = processors.ByteLevel(trim_offsets=False)
-    special = list(getattr(tokenizer, "special_tokens", None) or [])
+    # Every token KerasHub keeps whole (`unsplittable_tokens`: its loader makes them of tokenizer.json's
+    # added_tokens, e.g. Qwen 2.5's <|im_start|> and <|im_end|>), not only the end token.
+    special = sorted(
+        set(getattr(tokenizer, "special_tokens", None) or [])
+        | set(getattr(tokenizer, "unsplittable_tokens", None) or [])
+    )
     built.add_special_tokens(
         [tokenizers.AddedToken(t, normalized=False, special=True) for t in special]
     )
