@@ -273,18 +273,44 @@ def test_a_qwen_preset_exports_safetensors_that_keras_hub_reloads(tmp_path):
     assert fast.decode(fast.encode(text).ids) == text
 
 
+@pytest.mark.integration  # a few seconds: two tiny presets exported
 def test_only_qwen_gets_a_tokenizer_json_of_qwens_split_rules(tmp_path):
     """GPT-2's export has vocab.json and merges.txt too, but GPT-2 splits text another way (review of issue 41):
     tokenizer.json is written for model_type qwen2 only."""
-    import json
-    import types
-
-    for model_type in ("gpt2", "qwen2"):
-        directory = tmp_path / model_type
-        directory.mkdir()
-        (directory / "config.json").write_text(json.dumps({"model_type": model_type}))
-        (directory / "vocab.json").write_text(json.dumps({"a": 0, "b": 1, "ab": 2}))
-        (directory / "merges.txt").write_text("#version: 0.2\na b\n")
-        export._byte_level_tokenizer_json(types.SimpleNamespace(special_tokens=[]), str(directory))
-    assert not (tmp_path / "gpt2" / "tokenizer.json").exists()
-    assert (tmp_path / "qwen2" / "tokenizer.json").exists()
+    vocabulary = {
+        "<|endoftext|>": 0,
+        "a": 1,
+        "b": 2,
+        "1": 3,
+        "2": 4,
+        "12": 5,
+        "\u0120": 6,
+        "\u0120a": 7,
+    }
+    gpt2 = keras_hub.models.GPT2CausalLM(
+        backbone=keras_hub.models.GPT2Backbone(
+            vocabulary_size=len(vocabulary),
+            num_layers=1,
+            num_heads=2,
+            hidden_dim=8,
+            intermediate_dim=16,
+            max_sequence_length=LENGTH,
+        ),
+        preprocessor=keras_hub.models.GPT2CausalLMPreprocessor(
+            keras_hub.models.GPT2Tokenizer(vocabulary=vocabulary, merges=["1 2", "\u0120 a"]),
+            sequence_length=LENGTH,
+        ),
+    )
+    gpt2.save_to_preset(str(tmp_path / "gpt2"))
+    qwen = hub.tiny_preset(str(tmp_path / "qwen"), "qwen", sequence_length=LENGTH)
+    exported = {
+        name: export.save_safetensors(preset, str(tmp_path / f"{name}_run"))
+        for name, preset in (("gpt2", str(tmp_path / "gpt2")), ("qwen2", qwen))
+    }
+    assert os.path.isfile(
+        os.path.join(exported["gpt2"], "vocab.json")
+    )  # the same files as Qwen's...
+    assert not os.path.exists(
+        os.path.join(exported["gpt2"], "tokenizer.json")
+    )  # ... but no Qwen split rules
+    assert os.path.isfile(os.path.join(exported["qwen2"], "tokenizer.json"))

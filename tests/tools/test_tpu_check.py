@@ -323,14 +323,7 @@ def _largest(compiler, examples=None, data=2):
     return tpu_check.largest_batch_above(compiler, first, data, examples)
 
 
-def test_the_largest_batch_is_searched_upward_and_each_answer_was_compiled(monkeypatch):
-    monkeypatch.setattr(
-        tpu_check,
-        "_variant",
-        lambda recipe, batch: types.SimpleNamespace(
-            data=types.SimpleNamespace(global_batch_size=batch)
-        ),
-    )
+def test_the_largest_batch_is_searched_upward_and_each_answer_was_compiled():
     compiler = _LinearMemory(batch=64)  # fits up to 9,900 examples
     found = _largest(compiler)
     assert found["global_batch_size"] in compiler.compiled and found["global_batch_size"] % 2 == 0
@@ -340,16 +333,9 @@ def test_the_largest_batch_is_searched_upward_and_each_answer_was_compiled(monke
     assert found["per_chip_bytes"] == 1000 + 10 * found["global_batch_size"]
 
 
-def test_the_largest_batch_stops_at_the_training_split_and_at_a_compile_error(monkeypatch):
+def test_the_largest_batch_stops_at_the_training_split_and_at_a_compile_error():
     """A batch above the training split's examples is refused by the plan: never offered (digits_cnn on v5e-8 was
     offered 3,296,256 for its 1,437 examples)."""
-    monkeypatch.setattr(
-        tpu_check,
-        "_variant",
-        lambda recipe, batch: types.SimpleNamespace(
-            data=types.SimpleNamespace(global_batch_size=batch)
-        ),
-    )
     found = _largest(_LinearMemory(batch=64), examples=1437)
     assert found["global_batch_size"] == 1436 and found["smallest_that_did_not_fit"] is None
     assert found["limit"] == "the training split's 1437 examples"

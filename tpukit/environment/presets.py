@@ -44,12 +44,11 @@ def _cannot_fetch(error: BaseException) -> bool:
         module = type(seen).__module__.split(".")[0]
         if module in _FETCHING or isinstance(seen, (ConnectionError, TimeoutError)):
             return True
+        # KerasHub's messages for a handle it cannot resolve or reach (hf:// offline).
         if isinstance(seen, (ValueError, FileNotFoundError)) and (
             "Unknown preset identifier" in str(seen) or "has no config.json" in str(seen)
         ):
-            return (
-                True  # KerasHub's messages for a handle it cannot resolve or reach (hf:// offline)
-            )
+            return True
         seen = seen.__cause__ or seen.__context__
     return False
 

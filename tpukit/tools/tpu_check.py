@@ -125,11 +125,11 @@ def _data_here(recipe: Recipe):
         )
 
 
-def total_steps(recipe: Recipe, mocked: bool = False) -> int | None:
-    """The recipe's training steps (epochs x steps per epoch), None when the data cannot be counted here."""
+def total_steps(recipe: Recipe, examples: int | None) -> int | None:
+    """The recipe's training steps (epochs x steps per epoch, from `train.steps_per_epoch` or the training split's
+    `examples`), None when neither is known."""
     if recipe.train.steps_per_epoch:
         return recipe.train.epochs * recipe.train.steps_per_epoch
-    examples = training_examples(recipe, mocked)
     if examples is None:
         return None
     return recipe.train.epochs * max(1, examples // recipe.data.global_batch_size)
@@ -193,6 +193,24 @@ def _state_bytes(step) -> int:
     return step.weight_bytes + step.optimizer_bytes
 
 
+def _headroom_guess(compiler: _Compiler, first: Attempt, data: int) -> int:
+    """The global batch that 90% of the HBM left beyond the state would hold if what the step needs beyond its state
+    (activations) grew in proportion to the batch; a multiple of the data axis (possibly 0)."""
+    batch, state = compiler.recipe.data.global_batch_size, _state_bytes(first.step)
+    beyond = max(first.compiled.total_bytes - state, 1)
+    return int(batch * 0.9 * (_usable(compiler, first) - state) / beyond) // data * data
+
+
+def _between(low: int, high: int, data: int) -> int | None:
+    """The next batch to compile between `low` (fits) and `high` (does not): their geometric mean (the batches that
+    fit can span orders of magnitude), a multiple of the data axis; None once they are within 1/8 of each other (or
+    of the data axis) or no multiple lies between."""
+    middle = int(math.sqrt(low * high)) // data * data
+    if middle <= low or (high - low) <= max(data, low // 8):
+        return None
+    return middle
+
+
 def _largest_batch(compiler: _Compiler, first: Attempt, data: int) -> Attempt | None:
     """The largest global batch (a multiple of the data axis) that compiles and fits, or None. The first guess
     scales the batch by what is left of HBM after the state over what the step needed beyond it (activations grow
@@ -206,9 +224,7 @@ def _largest_batch(compiler: _Compiler, first: Attempt, data: int) -> Attempt | 
     def attempt(size: int) -> Attempt:
         return compiler.attempt({"data.global_batch_size": size}, _variant(recipe, batch=size))
 
-    beyond = max(first.compiled.total_bytes - state, 1)
-    guess = int(batch * 0.9 * (hbm - state) / beyond) // data * data
-    guess = min(max(guess, data), batch - data)
+    guess = min(max(_headroom_guess(compiler, first, data), data), batch - data)
     best, low, high = None, 0, batch
     tried = attempt(guess)
     if tried.compiled.fits:
@@ -222,9 +238,8 @@ def _largest_batch(compiler: _Compiler, first: Attempt, data: int) -> Attempt | 
             best, low = tried, data
     compiles = 2 if low == data and high == guess else 1
     for _ in range(MAX_BATCH_COMPILES - compiles):
-        # Geometric: the batches that fit can span orders of magnitude.
-        middle = int(math.sqrt(low * high)) // data * data
-        if middle <= low or (high - low) <= max(data, low // 8):
+        middle = _between(low, high, data)
+        if middle is None:
             break
         tried = attempt(middle)
         if tried.compiled.fits:
@@ -246,13 +261,11 @@ def largest_batch_above(
     until the two are within 1/8 of each other or MAX_BATCH_COMPILES compiles are spent. Returns the batch, its bytes
     per chip, the smallest batch found not to fit (None: none was; `limit` then says what stopped the search) and
     the compiles spent."""
-    recipe, hbm = compiler.recipe, _usable(compiler, first)
-    batch, state = recipe.data.global_batch_size, _state_bytes(first.step)
+    recipe = compiler.recipe
+    batch = recipe.data.global_batch_size
     ceiling = examples // data * data if examples else None
-    beyond = max(first.compiled.total_bytes - state, 1)
-    guess = int(batch * 0.9 * (hbm - state) / beyond) // data * data
     low, high, best, compiles, limit = batch, None, first, 0, None
-    size = max(guess, batch + data)
+    size = max(_headroom_guess(compiler, first, data), batch + data)
     while compiles < MAX_BATCH_COMPILES:
         if ceiling is not None and size >= ceiling:
             if low >= ceiling:
@@ -273,14 +286,9 @@ def largest_batch_above(
             best, low = tried, size
         else:
             high = size
-        if high is None:
-            size = low * 2
-        else:
-            if (high - low) <= max(data, low // 8):
-                break
-            size = int(math.sqrt(low * high)) // data * data
-            if size <= low:
-                break
+        size = low * 2 if high is None else _between(low, high, data)
+        if size is None:
+            break
     if high is None and limit is None:
         limit = f"{compiles} compiles"
     return {
@@ -543,28 +551,12 @@ def check_topology(
     mesh_for(recipe, tpu.chips)  # refuse before anything is built
     recipe, weights_note = _without_weight_reads(recipe)
     with _data_here(recipe) as data_note:
-        steps = total_steps(recipe, mocked=data_note is not None)
+        # Counted once, for the step count and the largest batch (a pass over the data where it is not mocked).
+        counting = largest_batch or not recipe.train.steps_per_epoch
+        examples = training_examples(recipe, data_note is not None) if counting else None
+        steps = total_steps(recipe, examples)
         compiler = _Compiler(recipe, tpu, steps)
-        try:
-            first = compiler.attempt({}, recipe)
-        except RecipeError:
-            raise
-        except presets.PresetError as error:  # the model's preset, not the data or the compiler
-            raise RecipeError(f"{recipe.path}: {error}") from None
-        except Exception as error:  # noqa: BLE001 - every failure becomes a message (exit 2), no traceback
-            if not _is_data_error(error):
-                raise RecipeError(
-                    f"{recipe.path}: the training step could not be built or compiled for {tpu.name} on the jax "
-                    f"engine's path ({type(error).__name__}: {_first_line(error)}). A model that calls TensorFlow "
-                    "ops (tf.* in a Lambda or a layer's call) cannot be compiled this way. Fix: write those ops "
-                    "with keras.ops, or train it with runtime.engine=tensorflow (not checked by --topology); "
-                    "set TPUKIT_VERBOSE=1 and JAX_TRACEBACK_FILTERING=off to see where it failed."
-                ) from error
-            raise RecipeError(
-                f"{recipe.path}: the data could not be read here ({_first_line(error)}); the check needs the "
-                "shapes of one batch. Fix: run it where the data is, or point the data settings at a local copy "
-                "with the same shapes (e.g. a few files)."
-            ) from None
+        first = _first_attempt(compiler, recipe, tpu)
         result = report(
             recipe,
             tpu,
@@ -582,12 +574,34 @@ def check_topology(
             result["fixes"] = find_fixes(compiler, first)
         if first.compiled.fits and largest_batch:
             result["largest_batch"] = largest_batch_above(
-                compiler,
-                first,
-                mesh_for(recipe, tpu.chips)[0],
-                training_examples(recipe, mocked=data_note is not None),
+                compiler, first, mesh_for(recipe, tpu.chips)[0], examples
             )
     return result
+
+
+def _first_attempt(compiler: _Compiler, recipe: Recipe, tpu: Topology) -> Attempt:
+    """The recipe's own step compiled; what stops it becomes a RecipeError naming its cause: the model's preset,
+    the data, or the model's code on the JAX path."""
+    try:
+        return compiler.attempt({}, recipe)
+    except RecipeError:
+        raise
+    except presets.PresetError as error:  # the model's preset, not the data or the compiler
+        raise RecipeError(f"{recipe.path}: {error}") from None
+    except Exception as error:  # noqa: BLE001 - every failure becomes a message (exit 2), no traceback
+        if not _is_data_error(error):
+            raise RecipeError(
+                f"{recipe.path}: the training step could not be built or compiled for {tpu.name} on the jax "
+                f"engine's path ({type(error).__name__}: {_first_line(error)}). A model that calls TensorFlow "
+                "ops (tf.* in a Lambda or a layer's call) cannot be compiled this way. Fix: write those ops "
+                "with keras.ops, or train it with runtime.engine=tensorflow (not checked by --topology); "
+                "set TPUKIT_VERBOSE=1 and JAX_TRACEBACK_FILTERING=off to see where it failed."
+            ) from error
+        raise RecipeError(
+            f"{recipe.path}: the data could not be read here ({_first_line(error)}); the check needs the "
+            "shapes of one batch. Fix: run it where the data is, or point the data settings at a local copy "
+            "with the same shapes (e.g. a few files)."
+        ) from None
 
 
 # ---- text -------------------------------------------------------------------------------------------------------
@@ -611,6 +625,19 @@ def _count(value: int) -> str:
 
 def _seconds(value: float) -> str:
     return f"{value * 1e3:.3g} ms" if value < 1 else f"{value:.3g} s"
+
+
+def _largest_batch_line(largest: dict) -> str:
+    above = largest["smallest_that_did_not_fit"]
+    stop = (
+        f"{above} did not fit"
+        if above
+        else f"no larger batch was tried (the limit: {largest['limit']})"
+    )
+    return (
+        f"  largest global batch found to fit (compiled): --set data.global_batch_size="
+        f"{largest['global_batch_size']}, {size(largest['per_chip_bytes'])} per chip; {stop}."
+    )
 
 
 def format_text(result: dict) -> str:
@@ -675,39 +702,35 @@ def format_text(result: dict) -> str:
                 "matmul contracts or keeps (runtime.layout)."
             )
         lines.append(f"FITS: {size(per_chip['total'])} per chip of {size(hbm)}.")
-        largest = result.get("largest_batch")
-        if largest:
-            above = largest["smallest_that_did_not_fit"]
-            lines.append(
-                f"  largest global batch found to fit (compiled): --set data.global_batch_size="
-                f"{largest['global_batch_size']}, {size(largest['per_chip_bytes'])} per chip; "
-                + (
-                    f"{above} did not fit"
-                    if above
-                    else f"no larger batch was tried (the limit: {largest['limit']})"
-                )
-                + "."
-            )
+        if result.get("largest_batch"):
+            lines.append(_largest_batch_line(result["largest_batch"]))
     else:
-        lines.append(f"  libtpu: {result['out_of_memory']}")
-        lines.append(
-            f"DOES NOT FIT: needs {size(per_chip['total'])} per chip; libtpu has "
-            f"{size(result['compiler'].get('available_bytes'))} for the program on a {result['device_kind']} "
-            f"chip (Google's docs: {size(hbm)} of HBM)."
-        )
-        fixes = result.get("fixes")
-        if fixes:
-            lines.append("  each of these was compiled and fits:")
-            for fix in fixes:
-                flags = _changes_text(fix["set"]) or "(in your model code)"
-                lines.append(f"    {flags}: {size(fix['per_chip_bytes'])} per chip; {fix['how']}")
-        elif fixes is not None:
-            lines.append(
-                "  nothing near this configuration fits (a smaller batch, a larger model axis, bfloat16 "
-                "weights): a larger topology, or a smaller model."
-            )
+        lines.extend(_does_not_fit_lines(result))
     lines.append(result["note"])
     return "\n".join(lines)
+
+
+def _does_not_fit_lines(result: dict) -> list[str]:
+    """libtpu's out-of-memory line, the verdict and the fixes that were compiled and fit."""
+    per_chip, hbm = result["per_chip_bytes"], result["hbm_bytes_per_chip"]
+    lines = [
+        f"  libtpu: {result['out_of_memory']}",
+        f"DOES NOT FIT: needs {size(per_chip['total'])} per chip; libtpu has "
+        f"{size(result['compiler'].get('available_bytes'))} for the program on a {result['device_kind']} "
+        f"chip (Google's docs: {size(hbm)} of HBM).",
+    ]
+    fixes = result.get("fixes")
+    if fixes:
+        lines.append("  each of these was compiled and fits:")
+        for fix in fixes:
+            flags = _changes_text(fix["set"]) or "(in your model code)"
+            lines.append(f"    {flags}: {size(fix['per_chip_bytes'])} per chip; {fix['how']}")
+    elif fixes is not None:
+        lines.append(
+            "  nothing near this configuration fits (a smaller batch, a larger model axis, bfloat16 "
+            "weights): a larger topology, or a smaller model."
+        )
+    return lines
 
 
 __all__ = [

@@ -815,10 +815,12 @@ def save_safetensors(preset: str, output_dir: str) -> str:
         with writing(OUTPUT_NAMES["safetensors"], path), _removed_on_failure(temporary):
             task.export_to_transformers(temporary)
             _fixed_key_value_heads(task.backbone, temporary)
-            _byte_level_tokenizer_json(task.preprocessor.tokenizer, temporary)
             config_path = os.path.join(temporary, "config.json")
             with open(config_path) as file:
                 config = json.load(file)
+            if config.get("model_type") == "qwen2":
+                # Qwen 2's split rules only: GPT-2's vocab.json and merges.txt (also exported) split text another way.
+                _qwen_tokenizer_json(task.preprocessor.tokenizer, temporary)
             completed = _completed_config(task.backbone, config)
             if completed != config:
                 with open(config_path, "w") as file:
@@ -847,17 +849,14 @@ def _completed_config(backbone, config: dict) -> dict:
 QWEN_SPLIT = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 
 
-def _byte_level_tokenizer_json(tokenizer, directory: str) -> None:
+def _qwen_tokenizer_json(tokenizer, directory: str) -> None:
     """tokenizer.json beside the vocab.json and merges.txt that KerasHub 0.32 exports for Qwen 2's byte-level BPE:
     KerasHub's own Hugging Face loader reads only tokenizer.json (`convert_qwen.convert_tokenizer`), vLLM and
     Transformers prefer it. Written as Transformers' `Qwen2Converter` writes it, with the `tokenizers` library (a
     KerasHub dependency)."""
     import json
 
-    with open(os.path.join(directory, "config.json")) as file:
-        model_type = json.load(file).get("model_type")
-    # Qwen 2's split rules only: GPT-2's vocab.json and merges.txt (also exported) split text another way.
-    if model_type != "qwen2" or os.path.isfile(os.path.join(directory, "tokenizer.json")):
+    if os.path.isfile(os.path.join(directory, "tokenizer.json")):
         return
     import tokenizers
     from tokenizers import decoders, normalizers, pre_tokenizers, processors
