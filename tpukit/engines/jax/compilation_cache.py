@@ -14,9 +14,9 @@ What tpukit sets, once per process, before anything is compiled:
   cap needs the `filelock` package, without which the directory is uncapped, JAX's own default).
 
 Left as it is: a cache the user configured themselves (`JAX_COMPILATION_CACHE_DIR`, or `jax.config` before
-tpukit runs), and the cache off with `TPUKIT_JAX_COMPILATION_CACHE=0` (or `off`). The cache is keyed by JAX's
-own fingerprint of the computation, the compile options, the devices and the jax/jaxlib versions, so a changed
-model, mesh or install compiles afresh; nothing here changes what is computed. The setting is the process's (JAX
+tpukit runs), with JAX's own settings (its 1 s minimum compile time too), and the cache off with
+`TPUKIT_JAX_COMPILATION_CACHE=0` (or `off`). The cache is keyed by JAX's own fingerprint of the computation, the
+compile options, the devices and the jax/jaxlib versions, so a changed model, mesh or install compiles afresh; nothing here changes what is computed. The setting is the process's (JAX
 sets its cache up at the first compile and keeps it): a notebook's own JAX code after a run uses it too, which is
 why it is not put back when a run returns.
 """
@@ -59,9 +59,8 @@ def use_compilation_cache() -> str | None:
     if chosen.lower() in _OFF:
         return None
     configured = jax.config.jax_compilation_cache_dir
-    if (
-        configured
-    ):  # the user's own JAX_COMPILATION_CACHE_DIR or jax.config setting, or an earlier call
+    # The user's own JAX_COMPILATION_CACHE_DIR or jax.config setting, or an earlier call: left as it is.
+    if configured:
         return configured
     path = os.path.abspath(os.path.expanduser(chosen)) if chosen else default_dir()
     try:
