@@ -144,7 +144,9 @@ def test_interleaved_round_runs_one_variant_at_a_time_and_counts_only_its_runnin
         assert not outside, (variant, len(outside), len(ticks[variant]))
         # ...and its rate counts the seconds it ran in its steady state: its own busy time, not the others'.
         active = 100 / result["examples_per_second"]
-        assert busy[variant] <= active <= busy[variant] + 0.1, (variant, active)
+        # (Above its busy time only by what other processes took from it on a loaded machine; the others' busy
+        # time would add at least 0.9 s.)
+        assert busy[variant] <= active <= 1.5 * busy[variant] + 0.1, (variant, active)
         # Its clock was told every stop before it ran again: the seconds since its start that it did not run.
         seen_at, stopped = json.loads((tmp_path / f"mlp-{variant}-0.json").read_text())[
             "stopped_seen"

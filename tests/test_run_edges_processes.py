@@ -54,7 +54,13 @@ def test_a_second_run_on_the_same_output_dir_is_refused_and_then_finishes(tmp_pa
     first = _start(out, "--set=train.epochs=60", "--set=runtime.checkpoint_every_steps=10")
     try:
         _wait_for(lambda: len(_steps(out)) >= 2, what="the first run's first checkpoints")
-        second = run_cli(*ARGS, f"--output_dir={out}", "--set=train.epochs=60")
+        # Paused (SIGSTOP) while the second command runs, so the first is still in flight however fast this
+        # machine trains; it holds its lock all the same.
+        first.send_signal(signal.SIGSTOP)
+        try:
+            second = run_cli(*ARGS, f"--output_dir={out}", "--set=train.epochs=60")
+        finally:
+            first.send_signal(signal.SIGCONT)
         assert second.returncode == 1, second.stderr
         assert "Traceback" not in second.stderr
         assert f"is in use by another tpukit run: pid {first.pid} on host" in second.stderr

@@ -4,6 +4,7 @@ outputs read back with a warning, and the run history. No TensorFlow: plain file
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -91,7 +92,9 @@ def test_a_stale_lease_is_taken_over_with_a_warning(tmp_path, caplog):
     _write_lease(tmp_path, host="another-host", pid=4242, heartbeat=time.time() - 301)
     with caplog.at_level(logging.WARNING, "tpukit"), RunLock(str(tmp_path), lease=True):
         assert Holder.parse((tmp_path / rundir.LOCK_NAME).read_text()).pid == os.getpid()
-    assert "last showed signs of life 301 s ago" in caplog.text
+    assert re.search(
+        r"last showed signs of life 30\d s ago", caplog.text
+    )  # 301, or more on a slow machine
 
 
 def test_a_lease_of_a_dead_process_of_this_host_is_taken_over(tmp_path, caplog):

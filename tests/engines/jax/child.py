@@ -6,10 +6,10 @@ Runs `tpukit.run` on the JAX backend and prints one line `RESULT {json}`: the me
 step, and for each trainable variable its global shape, the shape of the shard on the first device and its
 `PartitionSpec` (read from the arrays themselves, so a layout that shards nothing cannot pass for one that does).
 `kill_at_step`: SIGKILL this process once that step has ended (a checkpoint saved at it may still be in flight;
-with `kill_after_commit`, once a checkpoint is committed and no save is in flight). `cache_hits`:
-computations loaded from the persistent compilation cache (JAX's monitoring event). `compiles`: the
-XLA compilations of the run (`jax_log_compiles`), each as [the jitted function's name, the epoch of `fit` it
-happened in (None: outside fit)]. `open_exports`: SavedModel export processes the engine left running; before a
+with `kill_after_commit: N`, once step N's checkpoint is committed and no save is in flight). `cache_hits`:
+computations loaded from the persistent compilation cache (JAX's monitoring event). `compiles`: the XLA
+compilations of the run (`jax_log_compiles`), each as [the jitted function's name, the epoch of `fit` it happened in
+(None: outside fit)]. `open_exports`: SavedModel export processes the engine left running; before a
 `kill_at_step` SIGKILL, a line `EXPORT_PROCESSES [pids]` names those running.
 """
 
@@ -50,10 +50,11 @@ COMPILES = Compiles()
 
 
 class Recorder(keras.callbacks.Callback):
-    def __init__(self, kill_at_step, committed_dir=None):
+    def __init__(self, kill_at_step, committed_dir=None, committed_step=None):
         super().__init__()
         self.losses, self.shards, self.kill_at_step = [], {}, kill_at_step
         self.committed_dir = committed_dir  # `kill_after_commit`: this run's checkpoint directory
+        self.committed_step = committed_step  # ... and the step whose checkpoint must be committed
 
     def on_epoch_begin(self, epoch, logs=None):
         COMPILES.epoch = epoch
@@ -67,10 +68,13 @@ class Recorder(keras.callbacks.Callback):
         step = int(self.model.optimizer.iterations.numpy())
         if self.kill_at_step and step >= self.kill_at_step:
             if self.committed_dir:
-                # The asynchronous save committed first: a checkpoint there and no temporary left. (Waiting only
-                # for no temporary raced a save whose thread had not yet made its directory on a loaded CPU.)
+                # The asynchronous save of the step asked for committed first: its checkpoint there and no
+                # temporary left. (Waiting only for no temporary raced a save whose thread had not yet made its
+                # directory; Orbax makes it in a thread of its own.)
                 deadline = time.monotonic() + 60
-                while time.monotonic() < deadline and not _committed(self.committed_dir):
+                while time.monotonic() < deadline and not _committed(
+                    self.committed_dir, self.committed_step
+                ):
                     time.sleep(0.02)
             # The SavedModel export processes (paused now, while steps train) must end with this one.
             print("EXPORT_PROCESSES " + json.dumps(_export_pids()), flush=True)
@@ -87,11 +91,9 @@ class Recorder(keras.callbacks.Callback):
             }
 
 
-def _committed(directory: str) -> bool:
+def _committed(directory: str, step: int) -> bool:
     names = os.listdir(directory) if os.path.isdir(directory) else []
-    # A trained step's (a new run also saves its initial weights as ckpt_0, before training).
-    steps = [int(m.group(1)) for m in map(re.compile(r"ckpt_(\d+)").fullmatch, names) if m]
-    return any(steps) and not any("tmp" in n for n in names)
+    return f"ckpt_{step}" in names and not any("tmp" in n for n in names)
 
 
 def _open_exports() -> int:
@@ -133,6 +135,7 @@ def main(config: dict) -> None:
         os.path.join(config["output_dir"], "checkpoints")
         if config.get("kill_after_commit")
         else None,
+        config.get("kill_after_commit"),
     )
     COMPILES.seen = []
     mock = contextlib.nullcontext()

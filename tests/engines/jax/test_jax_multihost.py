@@ -34,6 +34,9 @@ SMALL_LM = [
     "train.warmup_steps=2",
     "data.max_bytes=100000",
     "runtime.checkpoint_every_steps=2",
+    # Every epoch end saves, however fast the machine (the SIGKILL test needs step 2's save committed by step 4:
+    # step 3's save waits for it).
+    "runtime.checkpoint_max_overhead=null",
     "runtime.verbose=0",
 ]
 
@@ -161,7 +164,7 @@ def test_sigkill_either_process_stops_the_other_and_a_rerun_gives_the_uninterrup
     if killed == 1:
         # Process 0 hosts the coordination service: it sees process 1 go and says so (tpukit.engines.jax.peers).
         # Process 1 of a lost process 0 is ended by JAX's C++ abort, which nothing in Python can stop (peers.py).
-        assert code == 1 and waited < peers.HEARTBEAT_SECONDS + 15, (code, waited)
+        assert code == 1 and waited < peers.HEARTBEAT_SECONDS + 30, (code, waited)
         assert "tpukit: lost process 1 of 2" in output, output[-3000:]
         assert "restart every process with the same command" in output, output[-3000:]
         assert (

@@ -76,7 +76,7 @@ def test_jax_engine_resumes_a_sigkilled_run_with_split_tables_to_the_same_weight
     jax_runs, tmp_path
 ):
     config = _jax_config(tmp_path / "killed", 2, 4)
-    code, result, output = run_jax({**config, "kill_at_step": 13, "kill_after_commit": True})
+    code, result, output = run_jax({**config, "kill_at_step": 13, "kill_after_commit": 12})
     assert code == -9 and result is None, output[-2000:]
     assert os.path.exists(tmp_path / "killed" / "checkpoints" / "ckpt_12")
     code, result, output = run_jax(config)
@@ -98,7 +98,7 @@ def test_a_killed_jax_run_resumes_on_another_mesh_with_the_tables_it_was_trained
     """runtime is free to change on resume (a preempted job back on another slice shape): the tables keep the
     padding recorded in runs.jsonl (1,684 rows for mesh.model=4), not 1,683 for a 1x1 mesh."""
     killed = _jax_config(tmp_path / "run", 2, 4)
-    code, _, output = run_jax({**killed, "kill_at_step": 13, "kill_after_commit": True})
+    code, _, output = run_jax({**killed, "kill_at_step": 13, "kill_after_commit": 12})
     assert code == -9, output[-2000:]
     code, result, output = run_jax(_jax_config(tmp_path / "run", 1, 1))
     assert code == 0, output[-3000:]

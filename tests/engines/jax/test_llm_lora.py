@@ -106,7 +106,7 @@ def test_a_sigkilled_run_resumes_to_the_same_weights(trained, tiny, tmp_path):
         "overrides": [f"model.preset={tiny}", "runtime.checkpoint_max_overhead=null"],
         "output_dir": str(tmp_path / "killed"),
     }
-    code, result, output = run_jax({**config, "kill_at_step": 20, "kill_after_commit": True})
+    code, result, output = run_jax({**config, "kill_at_step": 20, "kill_after_commit": 15})
     assert code == -9 and result is None, output[-3000:]
     code, result, output = run_jax(config)
     assert code == 0, output[-3000:]

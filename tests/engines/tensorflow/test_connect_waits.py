@@ -13,6 +13,7 @@ no TPU.
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -369,7 +370,10 @@ def test_waiting_for_a_worker_that_never_comes_names_it_and_the_fix():
         strategy_lib.wait_for_workers(_cluster(0, [own, missing]), timeout=1.5)
     assert time.monotonic() - started < 10
     message = str(info.value)
-    assert "did not all start within 2 s (runtime.workers_timeout_seconds=1.5)" in message
+    # The seconds waited, as printed (2 here; more when a loaded machine wakes the wait late).
+    assert re.search(
+        r"did not all start within \d+ s \(runtime\.workers_timeout_seconds=1\.5\)", message
+    )
     assert f"0 of 1 other worker(s) reachable (worker 1 at {missing} not listening yet)" in message
     assert f"This is worker 0 ({own}); nothing was trained or written." in message
     assert "--set runtime.workers_timeout_seconds=60" in message
@@ -513,8 +517,8 @@ def test_a_tpu_that_never_answers_ends_at_the_timeout_with_progress_lines_cause_
         "connections but does not answer gRPC (yet); "
     ) and waits[0].endswith(" of 5 s (runtime.tpu_timeout_seconds)")
     error = result.stderr.split("tpukit: error: ")[1]
-    assert error.startswith(
-        "could not connect to the TPU: after 5 s (runtime.tpu_timeout_seconds=5)"
+    assert re.match(
+        r"could not connect to the TPU: after \d+ s \(runtime\.tpu_timeout_seconds=5\)", error
     )
     assert "--set runtime.tpu_timeout_seconds=60" in error and "that the TPU is READY" in error
     assert "Traceback" not in result.stderr and not output_dir.exists()

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import faults
 import pytest
@@ -159,9 +160,19 @@ def _digits_args(output_dir, *extra):
     )
 
 
-def test_a_killed_worker_stops_the_other_with_a_clear_message_and_all_resume(tmp_path):
-    import time
+def _wait_for_every_workers_ckpt_20(output_dir, workers, seconds):
+    """Until every worker has written its ckpt-20 (the chief in checkpoints/, worker N in workerN/checkpoints/):
+    a worker whose save lagged the chief's would otherwise make 16 the newest step all of them hold."""
+    wanted = [output_dir / "checkpoints" / "ckpt-20.index"]
+    wanted += [
+        output_dir / f"worker{i}" / "checkpoints" / "ckpt-20.index" for i in range(1, workers)
+    ]
+    deadline = time.time() + seconds
+    while time.time() < deadline and not all(path.exists() for path in wanted):
+        time.sleep(0.2)
 
+
+def test_a_killed_worker_stops_the_other_with_a_clear_message_and_all_resume(tmp_path):
     from helpers import REPO, free_ports
 
     output_dir = tmp_path / "run"
@@ -188,11 +199,7 @@ def test_a_killed_worker_stops_the_other_with_a_clear_message_and_all_resume(tmp
             )
         )
     try:
-        deadline = time.time() + 240
-        while (
-            time.time() < deadline and not (output_dir / "checkpoints" / "ckpt-20.index").exists()
-        ):
-            time.sleep(0.2)
+        _wait_for_every_workers_ckpt_20(output_dir, workers=2, seconds=240)
         processes[1].kill()  # SIGKILL: no handler runs, as on a lost VM
         killed = time.time()
         processes[0].wait(timeout=120)
@@ -247,8 +254,6 @@ def test_workers_started_with_different_recipes_are_refused_before_training(tmp_
 def test_three_workers_one_late_then_the_chief_killed_the_others_stop_and_all_resume(tmp_path):
     # 3 real processes: worker 2 starts 10 s after the others (they wait for it at the cluster's start-up, so it
     # trains with them), then the chief is SIGKILLed; the other two stop within a bound and a restart resumes.
-    import time
-
     from helpers import REPO, free_ports
 
     output_dir = tmp_path / "run"
@@ -277,11 +282,7 @@ def test_three_workers_one_late_then_the_chief_killed_the_others_stop_and_all_re
                     args(index), env=env, cwd=REPO, stdout=logs[-1], stderr=subprocess.STDOUT
                 )
             )
-        deadline = time.time() + 400
-        while (
-            time.time() < deadline and not (output_dir / "checkpoints" / "ckpt-20.index").exists()
-        ):
-            time.sleep(0.2)
+        _wait_for_every_workers_ckpt_20(output_dir, workers=3, seconds=400)
         processes[0].kill()
         killed = time.time()
         for process in processes[1:]:
