@@ -313,3 +313,30 @@ def test_layer_config_returns_every_constructor_argument(layer):
     ):
         if hasattr(layer, key):
             assert config[key] == getattr(layer, key)
+
+
+def test_remat_is_refused_where_it_cannot_work_and_names_only_real_decoder_blocks(tmp_path):
+    """`keras_hub_causal_lm(remat=True)`: refused on Keras' TensorFlow backend (this process's: recompute_grad
+    refuses the blocks' keyword arguments in a compiled step) before any preset is read; its block names come from
+    the preset's config (and `backbone` overrides); a family whose blocks are named otherwise is an error, not a
+    model rematerialized nowhere. Trained with remat on the jax engine: tests/engines/jax/test_llm_lora.py."""
+    from tpukit.models import hub
+
+    with pytest.raises(ValueError, match="remat=true needs the jax engine.*runtime.engine=jax"):
+        hub.keras_hub_causal_lm(str(tmp_path / "not_read"), remat=True)
+    with pytest.raises(ValueError, match="remat must be true or false; received 'yes'"):
+        hub.keras_hub_causal_lm(str(tmp_path / "not_read"), remat="yes")
+    preset = hub.tiny_preset(str(tmp_path / "tiny"), "gemma")
+    assert hub._block_names(preset, {}) == [
+        "decoder_block_0",
+        "decoder_block_1",
+        "transformer_layer_0",
+        "transformer_layer_1",
+    ]
+    assert len(hub._block_names(preset, {"num_layers": 18})) == 36
+    named = keras.layers.Dense(2, name="decoder_block_0")
+    backbone = type("Backbone", (), {"transformer_layers": [named]})()
+    hub._check_rematerialized(backbone, ["decoder_block_0"])
+    other = type("Backbone", (), {"transformer_layers": [keras.layers.Dense(2, name="block0")]})()
+    with pytest.raises(ValueError, match=r"found no decoder blocks .* \['block0'\]"):
+        hub._check_rematerialized(other, ["decoder_block_0"])

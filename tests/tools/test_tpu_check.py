@@ -342,3 +342,48 @@ def test_the_largest_batch_stops_at_the_training_split_and_at_a_compile_error():
     broken = _LinearMemory(batch=64, broken=range(128, 10**6))
     found = _largest(broken)
     assert found["global_batch_size"] == 64 and broken.compiled == []
+
+
+class _ActivationsDominate:
+    """A stand-in for libtpu in `find_fixes`: one chip of `hbm` bytes, a step of `state` bytes of weights plus
+    `activations`, which rematerialized blocks (`model.remat`) cut to a quarter. Records the changes compiled."""
+
+    def __init__(self, name="keras_hub_causal_lm", state=50, activations=100, hbm=100):
+        self.state, self.activations, self.hbm = state, activations, hbm
+        self.recipe = types.SimpleNamespace(
+            model=types.SimpleNamespace(name=name, kwargs={"preset": "p"}),
+            data=types.SimpleNamespace(global_batch_size=1),  # one example: no smaller batch to try
+            runtime=types.SimpleNamespace(mesh={"data": "auto", "model": 1}),
+        )
+        self.tpu = types.SimpleNamespace(name="v5e-1", chips=1, hbm_bytes_per_chip=hbm)
+        self.policy = "bfloat16"  # no bfloat16-weights fix to try
+        self.compiled = []
+
+    def attempt(self, changes, recipe):
+        self.compiled.append(changes)
+        return self.answer(changes, recipe.model.kwargs.get("remat", False))
+
+    def answer(self, changes, remat=False):
+        total = self.state + self.activations // (4 if remat else 1)
+        step = types.SimpleNamespace(weight_bytes=self.state, optimizer_bytes=0)
+        compiled = types.SimpleNamespace(
+            total_bytes=total, fits=total <= self.hbm, available_bytes=None
+        )
+        return tpu_check.Attempt(changes, step, compiled)
+
+
+def test_rematerialized_blocks_are_offered_where_they_were_compiled_and_fit():
+    compiler = _ActivationsDominate()
+    fixes = tpu_check.find_fixes(compiler, compiler.answer({}))
+    assert compiler.compiled == [{"model.remat": "true"}]
+    assert [(fix["set"], fix["per_chip_bytes"], fix["fits"]) for fix in fixes] == [
+        ({"model.remat": "true"}, 75, True)
+    ]
+    assert "recomputes each block's activations" in fixes[0]["how"]
+    # Not where it cannot help: a model that is no KerasHub causal LM, or a state alone over the chip's HBM.
+    for compiler in (_ActivationsDominate(name="cnn"), _ActivationsDominate(state=120)):
+        assert tpu_check.find_fixes(compiler, compiler.answer({})) == [] and compiler.compiled == []
+    # Nor when it does not fit either.
+    compiler = _ActivationsDominate(state=90)
+    assert tpu_check.find_fixes(compiler, compiler.answer({})) == []
+    assert compiler.compiled == [{"model.remat": "true"}]

@@ -16,14 +16,18 @@ with KerasHub's own `save_to_preset`: what tests, the notebook and offline machi
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
+import logging
 import os
 from typing import Any
 
 import keras
 
 from tpukit.environment import presets
+
+logger = logging.getLogger("tpukit")
 
 # The preset families `tiny_preset` makes, and the backbone settings of their tiny configurations: 4 query heads
 # over 2 key/value heads (grouped-query attention, as the real presets), so a model axis of 4 leaves the key/value
@@ -58,6 +62,7 @@ def keras_hub_causal_lm(
     load_weights: bool = True,
     backbone: dict[str, Any] | None = None,
     sampler: str = "greedy",
+    remat: bool = False,
 ):
     """The preset's causal LM task, with its preprocessor at `sequence_length` and its compile.
 
@@ -72,6 +77,10 @@ def keras_hub_causal_lm(
         backbone: backbone config keys to change (`num_layers: 28`, ...), only with `load_weights: false`: a model of
             another size with the preset's tokenizer, for `tpukit check`.
         sampler: the sampler `generate` uses (KerasHub's names: greedy, top_k, top_p, random, beam, contrastive).
+        remat: rematerialize each decoder block (Keras' `RematScope` over the backbone's `transformer_layers`): the
+            backward pass recomputes a block's activations instead of keeping them, for about one more forward
+            pass of compute. The same losses; the jax engine only (TensorFlow's `recompute_grad` refuses the
+            blocks' keyword arguments in a compiled step).
 
     Returns:
         The KerasHub `CausalLM` subclass of the preset's family, built, its preprocessor attached.
@@ -96,18 +105,71 @@ def keras_hub_causal_lm(
             f"keras_hub_causal_lm: backbone={overrides} changes the preset's architecture, whose weights then do "
             "not fit it. Fix: set load_weights: false as well (tpukit check does), or leave backbone unset."
         )
-    with presets.reading(preset, "model.preset"):
-        built = keras_hub.models.Backbone.from_preset(
-            preset, load_weights=load_weights, **({"dtype": dtype} if dtype else {}), **overrides
+    if not isinstance(remat, bool):
+        raise ValueError(
+            f"keras_hub_causal_lm: remat must be true or false; received {remat!r}. Fix: remat: true."
         )
+    if remat and keras.backend.backend() != "jax":
+        raise ValueError(
+            f"keras_hub_causal_lm: remat=true needs the jax engine; this is Keras' {keras.backend.backend()} "
+            "backend, whose recompute_grad refuses the decoder blocks' keyword arguments in a compiled step. "
+            "Fix: --set runtime.engine=jax, or leave model.remat unset."
+        )
+    with presets.reading(preset, "model.preset"):
+        names = _block_names(preset, overrides) if remat else []
+        scope = keras.RematScope(mode="list_of_layers", layer_names=names) if remat else None
+        with scope or contextlib.nullcontext():
+            built = keras_hub.models.Backbone.from_preset(
+                preset,
+                load_weights=load_weights,
+                **({"dtype": dtype} if dtype else {}),
+                **overrides,
+            )
         preprocessor = keras_hub.models.CausalLMPreprocessor.from_preset(
             preset, sequence_length=sequence_length
+        )
+    if remat:
+        _check_rematerialized(built, names)
+        logger.info(
+            "tpukit: model.remat: the %d decoder blocks of %s are rematerialized (recomputed in the backward "
+            "pass, not kept)",
+            len(built.transformer_layers),
+            type(built).__name__,
         )
     task = task_class(type(built))(backbone=built, preprocessor=preprocessor)
     task.compile(
         sampler=sampler
     )  # KerasHub's own compile (its loss and weighted accuracy), with the sampler
     return task
+
+
+# The names KerasHub's causal LM backbones give their decoder blocks: `decoder_block_{i}` (Gemma, Gemma 3),
+# `transformer_layer_{i}` (Llama, Mistral, Qwen, GPT-2, ...).
+_BLOCK_NAMES = ("decoder_block_{}", "transformer_layer_{}")
+
+
+def _block_names(preset: str, overrides: dict) -> list[str]:
+    """The names the backbone `from_preset` builds will give its decoder blocks, from the preset's config (and
+    `backbone` overrides): what `RematScope(mode="list_of_layers")` rematerializes. Not `mode="full"` on the whole
+    task: that remats the task's own call too, which fails to trace in Keras 3.15 ("'str' object has no attribute
+    '_error_repr'")."""
+    from keras_hub.src.utils import preset_utils  # the config reader KerasHub's own loaders use
+
+    config = preset_utils.load_json(preset, preset_utils.CONFIG_FILE).get("config", {})
+    layers = int(overrides.get("num_layers", config.get("num_layers", 0)))
+    return [pattern.format(i) for pattern in _BLOCK_NAMES for i in range(layers)]
+
+
+def _check_rematerialized(backbone, names: list[str]) -> None:
+    """Every decoder block was built under the scope's names (a family naming its blocks otherwise would be
+    rematerialized nowhere, silently, as a LayoutMap key that matches nothing)."""
+    blocks = getattr(backbone, "transformer_layers", None) or []
+    if not blocks or any(block.name not in names for block in blocks):
+        raise ValueError(
+            f"keras_hub_causal_lm: remat=true found no decoder blocks named decoder_block_N or transformer_layer_N "
+            f"in {type(backbone).__name__} (its transformer_layers: {[block.name for block in blocks][:4]}), so "
+            "nothing would be rematerialized. Fix: leave model.remat unset for this family."
+        )
 
 
 def task_class(backbone_cls: type):

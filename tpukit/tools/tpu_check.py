@@ -10,7 +10,7 @@ mesh over the topology's chips. A recipe that trains on the tensorflow engine is
 the JAX path, and the report says so. The answer: whether it fits in HBM (libtpu's own out-of-memory figure when
 not), bytes per chip, FLOPs and bytes accessed per step, the roofline bound at the chip's peak, the collectives.
 When it does not fit, fixes that were each compiled and shown to fit: a smaller global batch, a larger model axis,
-bfloat16 weights.
+rematerialized decoder blocks (a KerasHub causal LM's `model.remat`), bfloat16 weights.
 
 What a pass proves: the TPU compiler accepts the program and plans its memory per chip within the chip's HBM. Not
 the speed on the chip, the input pipeline, host memory or the interconnect (docs/tpu.md).
@@ -51,13 +51,22 @@ class Attempt:
     compiled: Any
 
 
-def _variant(recipe: Recipe, batch: int | None = None, model: int | None = None) -> Recipe:
+def _variant(
+    recipe: Recipe, batch: int | None = None, model: int | None = None, remat: bool = False
+) -> Recipe:
     variant = copy.deepcopy(recipe)
     if batch is not None:
         variant.data.global_batch_size = batch
     if model is not None:
         variant.runtime.mesh = {"data": "auto", "model": model}
+    if remat:
+        variant.model.kwargs = {**variant.model.kwargs, "remat": True}
     return variant
+
+
+def _can_remat(recipe: Recipe) -> bool:
+    """A KerasHub causal LM whose decoder blocks are not rematerialized yet (`model.remat`)."""
+    return recipe.model.name == "keras_hub_causal_lm" and not recipe.model.kwargs.get("remat")
 
 
 def mesh_for(recipe: Recipe, chips: int) -> tuple[int, int]:
@@ -308,10 +317,8 @@ def _usable(compiler: _Compiler, first: Attempt) -> float:
 
 def find_fixes(compiler: _Compiler, first: Attempt) -> list[dict]:
     """Configurations near the recipe's that were compiled and fit: the largest global batch, the smallest larger
-    model axis, bfloat16 weights. Each is tried only where the state it keeps per chip can fit at all (checked from
-    the shapes before compiling). Not rematerialization: Keras 3.15.1's `RematScope(mode="full")` fails to build a
-    model symbolically under `jax.eval_shape` ("'str' object has no attribute '_error_repr'"), so it cannot be
-    compiled without allocating the model."""
+    model axis, rematerialized decoder blocks (a KerasHub causal LM), bfloat16 weights. Each is tried only where the
+    state it keeps per chip can fit at all (checked from the shapes before compiling)."""
     recipe, hbm = compiler.recipe, _usable(compiler, first)
     fixes: list[dict] = []
 
@@ -355,6 +362,15 @@ def find_fixes(compiler: _Compiler, first: Attempt) -> list[dict]:
         if tried.compiled.fits:
             record(tried, "the smallest model axis that fits (weights split over more chips)")
             break
+    # Rematerialized decoder blocks keep the state and drop most activations: tried where the state fits.
+    if _can_remat(recipe) and _state_bytes(first.step) < hbm:
+        tried = compiler.attempt({"model.remat": "true"}, _variant(recipe, remat=True))
+        if tried.compiled.fits:
+            record(
+                tried,
+                "rematerialized decoder blocks: the backward pass recomputes each block's activations (about "
+                "one more forward pass of compute; the same losses)",
+            )
     # bfloat16 weights halve the state (weights and optimizer slots), not the activations: tried where that can fit.
     halved = first.compiled.total_bytes - _state_bytes(first.step) / 2
     if compiler.policy != "bfloat16" and _state_bytes(first.step) / 2 < hbm and halved < hbm:
