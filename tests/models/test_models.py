@@ -334,6 +334,14 @@ def test_remat_is_refused_where_it_cannot_work_and_names_only_real_decoder_block
         "transformer_layer_1",
     ]
     assert len(hub._block_names(preset, {"num_layers": 18})) == 36
+    # A Transformers config.json (an hf:// handle, or a run's own safetensors/ export) names it num_hidden_layers.
+    transformers = tmp_path / "hf"
+    transformers.mkdir()
+    (transformers / "config.json").write_text('{"model_type": "gemma", "num_hidden_layers": 3}')
+    assert hub._block_names(str(transformers), {})[-1] == "transformer_layer_2"
+    (transformers / "config.json").write_text('{"model_type": "gemma"}')
+    with pytest.raises(ValueError, match="could not read the number of decoder blocks"):
+        hub._block_names(str(transformers), {})
     named = keras.layers.Dense(2, name="decoder_block_0")
     backbone = type("Backbone", (), {"transformer_layers": [named]})()
     hub._check_rematerialized(backbone, ["decoder_block_0"])

@@ -348,8 +348,10 @@ class _ActivationsDominate:
     """A stand-in for libtpu in `find_fixes`: one chip of `hbm` bytes, a step of `state` bytes of weights plus
     `activations`, which rematerialized blocks (`model.remat`) cut to a quarter. Records the changes compiled."""
 
-    def __init__(self, name="keras_hub_causal_lm", state=50, activations=100, hbm=100):
-        self.state, self.activations, self.hbm = state, activations, hbm
+    def __init__(
+        self, name="keras_hub_causal_lm", state=50, activations=100, hbm=100, broken=False
+    ):
+        self.state, self.activations, self.hbm, self.broken = state, activations, hbm, broken
         self.recipe = types.SimpleNamespace(
             model=types.SimpleNamespace(name=name, kwargs={"preset": "p"}),
             data=types.SimpleNamespace(global_batch_size=1),  # one example: no smaller batch to try
@@ -361,6 +363,8 @@ class _ActivationsDominate:
 
     def attempt(self, changes, recipe):
         self.compiled.append(changes)
+        if self.broken:
+            raise ValueError("keras_hub_causal_lm: remat=true found no decoder blocks")
         return self.answer(changes, recipe.model.kwargs.get("remat", False))
 
     def answer(self, changes, remat=False):
@@ -383,7 +387,13 @@ def test_rematerialized_blocks_are_offered_where_they_were_compiled_and_fit():
     # Not where it cannot help: a model that is no KerasHub causal LM, or a state alone over the chip's HBM.
     for compiler in (_ActivationsDominate(name="cnn"), _ActivationsDominate(state=120)):
         assert tpu_check.find_fixes(compiler, compiler.answer({})) == [] and compiler.compiled == []
-    # Nor when it does not fit either.
+    # Nor when it does not fit either, or cannot be built (the check goes on without it).
     compiler = _ActivationsDominate(state=90)
     assert tpu_check.find_fixes(compiler, compiler.answer({})) == []
     assert compiler.compiled == [{"model.remat": "true"}]
+    compiler = _ActivationsDominate(broken=True)
+    assert tpu_check.find_fixes(compiler, compiler.answer({})) == []
+    # A recipe that trains on TensorFlow (which refuses remat) is told to train on the jax engine with it.
+    compiler = _ActivationsDominate()
+    fixes = tpu_check.find_fixes(compiler, compiler.answer({}), trains_on_jax=False)
+    assert fixes[0]["set"] == {"model.remat": "true", "runtime.engine": "jax"}

@@ -155,9 +155,24 @@ def _block_names(preset: str, overrides: dict) -> list[str]:
     '_error_repr'")."""
     from keras_hub.src.utils import preset_utils  # the config reader KerasHub's own loaders use
 
-    config = preset_utils.load_json(preset, preset_utils.CONFIG_FILE).get("config", {})
-    layers = int(overrides.get("num_layers", config.get("num_layers", 0)))
-    return [pattern.format(i) for pattern in _BLOCK_NAMES for i in range(layers)]
+    config = preset_utils.load_json(preset, preset_utils.CONFIG_FILE)
+    # A Keras preset's backbone config, or a Transformers config.json (hf:// handles, a run's safetensors/).
+    found = [
+        value
+        for value in (
+            overrides.get("num_layers"),
+            config.get("config", {}).get("num_layers"),
+            config.get("num_hidden_layers"),
+            config.get("n_layer"),
+        )
+        if isinstance(value, int) and not isinstance(value, bool)
+    ]
+    if not found:
+        raise ValueError(
+            f"keras_hub_causal_lm: remat=true could not read the number of decoder blocks from {preset!r}'s "
+            "config.json (no num_layers, num_hidden_layers or n_layer). Fix: leave model.remat unset for this preset."
+        )
+    return [pattern.format(i) for pattern in _BLOCK_NAMES for i in range(found[0])]
 
 
 def _check_rematerialized(backbone, names: list[str]) -> None:

@@ -315,10 +315,11 @@ def _usable(compiler: _Compiler, first: Attempt) -> float:
     return first.compiled.available_bytes or compiler.tpu.hbm_bytes_per_chip
 
 
-def find_fixes(compiler: _Compiler, first: Attempt) -> list[dict]:
+def find_fixes(compiler: _Compiler, first: Attempt, trains_on_jax: bool = True) -> list[dict]:
     """Configurations near the recipe's that were compiled and fit: the largest global batch, the smallest larger
-    model axis, rematerialized decoder blocks (a KerasHub causal LM), bfloat16 weights. Each is tried only where the
-    state it keeps per chip can fit at all (checked from the shapes before compiling)."""
+    model axis, rematerialized decoder blocks (a KerasHub causal LM; with `runtime.engine=jax` where the recipe
+    would train on TensorFlow, which refuses remat), bfloat16 weights. Each is tried only where the state it keeps
+    per chip can fit at all (checked from the shapes before compiling)."""
     recipe, hbm = compiler.recipe, _usable(compiler, first)
     fixes: list[dict] = []
 
@@ -364,8 +365,13 @@ def find_fixes(compiler: _Compiler, first: Attempt) -> list[dict]:
             break
     # Rematerialized decoder blocks keep the state and drop most activations: tried where the state fits.
     if _can_remat(recipe) and _state_bytes(first.step) < hbm:
-        tried = compiler.attempt({"model.remat": "true"}, _variant(recipe, remat=True))
-        if tried.compiled.fits:
+        changes = {"model.remat": "true", **({} if trains_on_jax else {"runtime.engine": "jax"})}
+        try:
+            tried = compiler.attempt(changes, _variant(recipe, remat=True))
+        except Exception as error:  # noqa: BLE001 - a fix that cannot be built is not offered
+            logger.info("tpukit: no remat fix (%s: %s)", type(error).__name__, _first_line(error))
+            tried = None
+        if tried is not None and tried.compiled.fits:
             record(
                 tried,
                 "rematerialized decoder blocks: the backward pass recomputes each block's activations (about "
@@ -587,7 +593,7 @@ def check_topology(
         if weights_note:
             result["weights"] = weights_note
         if not first.compiled.fits and fixes:
-            result["fixes"] = find_fixes(compiler, first)
+            result["fixes"] = find_fixes(compiler, first, trains_on_jax=engine_note == "jax")
         if first.compiled.fits and largest_batch:
             result["largest_batch"] = largest_batch_above(
                 compiler, first, mesh_for(recipe, tpu.chips)[0], examples
