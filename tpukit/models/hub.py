@@ -116,17 +116,25 @@ def keras_hub_causal_lm(
             "Fix: --set runtime.engine=jax, or leave model.remat unset."
         )
     with presets.reading(preset, "model.preset"):
-        names = _block_names(preset, overrides) if remat else []
-        scope = keras.RematScope(mode="list_of_layers", layer_names=names) if remat else None
-        with scope or contextlib.nullcontext():
-            built = keras_hub.models.Backbone.from_preset(
-                preset,
-                load_weights=load_weights,
-                **({"dtype": dtype} if dtype else {}),
-                **overrides,
-            )
+        built = _backbone(keras_hub, preset, load_weights, dtype, overrides, remat)
         preprocessor = keras_hub.models.CausalLMPreprocessor.from_preset(
             preset, sequence_length=sequence_length
+        )
+    task = task_class(type(built))(backbone=built, preprocessor=preprocessor)
+    task.compile(
+        sampler=sampler
+    )  # KerasHub's own compile (its loss and weighted accuracy), with the sampler
+    return task
+
+
+def _backbone(keras_hub, preset: str, load_weights: bool, dtype, overrides: dict, remat: bool):
+    """The preset's backbone; with `remat` (checked by the caller), its decoder blocks built under a `RematScope`
+    that names them."""
+    names = _block_names(preset, overrides) if remat else []
+    scope = keras.RematScope(mode="list_of_layers", layer_names=names) if remat else None
+    with scope or contextlib.nullcontext():
+        built = keras_hub.models.Backbone.from_preset(
+            preset, load_weights=load_weights, **({"dtype": dtype} if dtype else {}), **overrides
         )
     if remat:
         _check_rematerialized(built, names)
@@ -136,11 +144,14 @@ def keras_hub_causal_lm(
             len(built.transformer_layers),
             type(built).__name__,
         )
-    task = task_class(type(built))(backbone=built, preprocessor=preprocessor)
-    task.compile(
-        sampler=sampler
-    )  # KerasHub's own compile (its loss and weighted accuracy), with the sampler
-    return task
+    return built
+
+
+def _preset_config(preset: str) -> dict:
+    """The preset's `config.json` (a download of that file only, for a handle), read as KerasHub's loaders read it."""
+    from keras_hub.src.utils import preset_utils
+
+    return preset_utils.load_json(preset, preset_utils.CONFIG_FILE)
 
 
 # The names KerasHub's causal LM backbones give their decoder blocks: `decoder_block_{i}` (Gemma, Gemma 3),
@@ -153,9 +164,7 @@ def _block_names(preset: str, overrides: dict) -> list[str]:
     `backbone` overrides): what `RematScope(mode="list_of_layers")` rematerializes. Not `mode="full"` on the whole
     task: that remats the task's own call too, which fails to trace in Keras 3.15 ("'str' object has no attribute
     '_error_repr'")."""
-    from keras_hub.src.utils import preset_utils  # the config reader KerasHub's own loaders use
-
-    config = preset_utils.load_json(preset, preset_utils.CONFIG_FILE)
+    config = _preset_config(preset)
     # A Keras preset's backbone config, or a Transformers config.json (hf:// handles, a run's safetensors/).
     found = [
         value
@@ -209,10 +218,8 @@ def task_class(backbone_cls: type):
 def backbone_class(preset: str):
     """The preset's backbone class, read from its `config.json` (a download of that file only, for a handle)."""
     keras_hub = _keras_hub("model.name=keras_hub_causal_lm")
-    from keras_hub.src.utils import preset_utils  # the config reader KerasHub's own loaders use
-
     with presets.reading(preset, "model.preset"):
-        config = preset_utils.load_json(preset, preset_utils.CONFIG_FILE)
+        config = _preset_config(preset)
     cls = keras.saving.get_registered_object(config.get("registered_name") or "")
     if cls is None:
         cls = getattr(keras_hub.models, config.get("class_name", ""), None)

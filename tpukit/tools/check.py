@@ -1408,8 +1408,7 @@ def _rules_main(args) -> int:
     if args.price_per_chip_hour is not None or args.no_fixes or args.largest_batch:
         print(
             "tpukit: error: --price-per-chip-hour, --no-fixes and --largest-batch go with --topology. Fix: add "
-            "--topology NAME "
-            "(e.g. --topology v5e-8).",
+            "--topology NAME (e.g. --topology v5e-8).",
             file=sys.stderr,
         )
         return 2

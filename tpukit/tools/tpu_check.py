@@ -281,10 +281,7 @@ def largest_batch_above(
                 limit = f"the training split's {examples} examples"
                 break
             size = ceiling
-        logger.info(
-            "tpukit: compiling for %s: --set data.global_batch_size=%d", compiler.tpu.name, size
-        )
-        try:
+        try:  # (compiler.attempt logs the compile)
             tried = compiler.attempt({"data.global_batch_size": size}, _variant(recipe, batch=size))
         except Exception as error:  # noqa: BLE001 - a batch that cannot be compiled is not offered
             logger.info("tpukit: data.global_batch_size=%d: %s", size, _first_line(error))

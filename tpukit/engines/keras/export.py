@@ -800,8 +800,6 @@ def save_safetensors(preset: str, output_dir: str) -> str:
     model.safetensors, the tokenizer) that KerasHub's `export_to_transformers` writes for the model in `preset`,
     reloaded here on the CPU with no distribution; `from_preset` of the directory (KerasHub's Hugging Face loader)
     and vLLM read it. Returns its path."""
-    import json
-
     import keras
     import keras_hub
 
@@ -854,8 +852,6 @@ def _qwen_tokenizer_json(tokenizer, directory: str) -> None:
     KerasHub's own Hugging Face loader reads only tokenizer.json (`convert_qwen.convert_tokenizer`), vLLM and
     Transformers prefer it. Written as Transformers' `Qwen2Converter` writes it, with the `tokenizers` library (a
     KerasHub dependency)."""
-    import json
-
     if os.path.isfile(os.path.join(directory, "tokenizer.json")):
         return
     import tokenizers
